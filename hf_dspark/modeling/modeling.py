@@ -1,0 +1,447 @@
+"""DSparkDraftModel: a parallel block drafter with KV injection of target features + a sequential head.
+
+Data flow of one drafting round (SPEC §2):
+
+    target taps [B, n, m·d] --fc--> RMSNorm --> H_ctx --k/v_proj per layer--> DraftCache (context K/V only)
+    block = [anchor, MASK × (γ-1)] at positions p..p+γ-1 --embed (target's, frozen)--> backbone layers
+        (queries: block only; keys: cached context at positions < p, plus the whole block, bidirectional)
+    --> RMSNorm --> target's LM head --> base logits U_k
+    sequential head, left to right: logits_k = U_k + W2·u_k(x_{k-1}, h_k);  x_k ~ q_k = softmax(processed)
+    confidence head: c_k = σ(w·[h_k ; W1[x_{k-1}]] + b)
+
+The target's embedding and LM head are used by reference (never registered as our parameters, never saved in
+our checkpoints, never given gradients); :meth:`DSparkDraftModel.bind_target` attaches them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, PreTrainedModel
+from transformers.activations import ACT2FN
+
+from .configuration import DSparkConfig
+from .families import TargetFamily, get_target_family
+from .heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
+
+logger = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, n, hd], cos/sin [B, n, hd] (the HF rotary convention: halves rotated)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DraftAttention(nn.Module):
+    """GQA attention whose keys/values are [context K/V ; block K/V]; queries are the block only."""
+
+    def __init__(self, tcfg, family: TargetFamily):
+        super().__init__()
+        self.num_heads = tcfg.num_attention_heads
+        self.num_kv_heads = tcfg.num_key_value_heads
+        self.head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads
+        d, qkv_bias = tcfg.hidden_size, family.qkv_bias(tcfg)
+        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=family.o_bias(tcfg))
+        if family.use_qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, tcfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, tcfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], num_heads, self.head_dim).transpose(1, 2)  # [B, H, n, hd]
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, n, d] -> post-norm, post-RoPE keys and values [B, Hkv, n, hd]."""
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return _apply_rotary(k, cos, sin), self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+        """x [B, q, d]; ctx_k/v [B, Hkv, S, hd]; mask [B, 1, q, S + q] bool (True = attend)."""
+        q = self._heads(self.q_proj(x), self.num_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = _apply_rotary(q, cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, tcfg, family: TargetFamily):
+        super().__init__()
+        d, ffn, bias = tcfg.hidden_size, tcfg.intermediate_size, family.mlp_bias(tcfg)
+        self.gate_proj = nn.Linear(d, ffn, bias=bias)
+        self.up_proj = nn.Linear(d, ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, d, bias=bias)
+        self.act_fn = ACT2FN[getattr(tcfg, "hidden_act", "silu")]
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    """Pre-norm decoder layer with the target's shapes; the context enters only through K/V."""
+
+    def __init__(self, tcfg, family: TargetFamily):
+        super().__init__()
+        self.self_attn = DraftAttention(tcfg, family)
+        self.mlp = DraftMLP(tcfg, family)
+        self.input_layernorm = RMSNorm(tcfg.hidden_size, tcfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(tcfg.hidden_size, tcfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class DraftCache:
+    """Context K/V of every drafter layer for a batch of rows (SPEC §2: the cache holds only context K/V).
+
+    Rows of a batch commit different numbers of tokens per round; appends are padded to the longest and the
+    padding slots are marked invalid in ``valid`` (so they are never attended to), which keeps every update a
+    single batched op. ``positions`` records each slot's absolute position.
+    """
+
+    keys: list[torch.Tensor] = field(default_factory=list)  # per layer [B, Hkv, S, hd]
+    values: list[torch.Tensor] = field(default_factory=list)
+    valid: torch.Tensor | None = None  # [B, S] bool
+    positions: torch.Tensor | None = None  # [B, S] long
+
+    @property
+    def num_slots(self) -> int:
+        return 0 if self.valid is None else self.valid.shape[1]
+
+    def append(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor,
+               positions: torch.Tensor) -> None:
+        if self.valid is None:
+            self.keys, self.values, self.valid, self.positions = list(keys), list(values), valid, positions
+            return
+        self.keys = [torch.cat([a, b], dim=2) for a, b in zip(self.keys, keys)]
+        self.values = [torch.cat([a, b], dim=2) for a, b in zip(self.values, values)]
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+
+    def select_rows(self, rows: torch.Tensor) -> "DraftCache":
+        """A cache holding only ``rows`` (finished rows leave the batch)."""
+        if self.valid is None:
+            return DraftCache()
+        return DraftCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.valid[rows],
+                          self.positions[rows])
+
+
+@dataclass
+class DraftBlock:
+    """One round's proposal for a batch. Slot k (0-based) drafts the token at anchor position + k + 1.
+
+    ``draft_probs`` is the exact distribution q each token was sampled from (sequential bias and logits
+    processors included; ``None`` when drafting greedily, where q is one-hot). ``num_drafts[b]`` is how many
+    leading drafts row b proposes for verification (< γ only under a confidence threshold).
+    """
+
+    tokens: torch.Tensor  # [B, γ] long
+    num_drafts: torch.Tensor  # [B] long
+    draft_logits: torch.Tensor  # [B, γ, V] processed logits the tokens were drawn from
+    draft_probs: torch.Tensor | None  # [B, γ, V]
+    base_logits: torch.Tensor  # [B, γ, V] U_k (no sequential bias, no processors)
+    hidden: torch.Tensor  # [B, γ, d] final-normed backbone states h_k
+    confidence: torch.Tensor | None  # [B, γ] calibrated c_k
+    confidence_logits: torch.Tensor | None  # [B, γ] raw logits z_k
+
+
+class DSparkDraftModel(PreTrainedModel):
+    """DSpark drafter (``sequential_head="none"`` gives the DFlash baseline). See the module docstring."""
+
+    config_class = DSparkConfig
+    base_model_prefix = "dspark"
+    main_input_name = "anchor_ids"
+    _no_split_modules = ["DraftDecoderLayer"]
+    _supports_sdpa = True
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__(config)
+        self.family = get_target_family(config.target_family)
+        tcfg = self.target_text_config = AutoConfig.for_model(**config.target_config)
+        d = config.target_hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, tcfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftDecoderLayer(tcfg, self.family) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(d, tcfg.rms_norm_eps)
+        self.rotary_emb = self.family.rotary_embedding(tcfg)
+        vocab = tcfg.vocab_size
+        self.markov_head = (SEQUENTIAL_HEAD_CLASSES[config.sequential_head](d, vocab, config.markov_rank)
+                            if config.sequential_head != "none" else None)
+        self.confidence_head = ConfidenceHead(d + config.markov_rank) if config.use_confidence_head else None
+        self._bound_target: list[nn.Module] = []  # a list, so the target is not registered as a submodule
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = 0.02
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    # ---------------------------------------------------------------------------------------------------
+    # Binding to a target
+    # ---------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_target(cls, target, num_layers: int = 1, block_size: int = 7, head: str = "markov",
+                    markov_rank: int = 256, target_layer_ids: list[int] | None = None,
+                    mask_token_id: int | None = None, use_confidence_head: bool | None = None,
+                    **config_kwargs) -> "DSparkDraftModel":
+        """A new, randomly initialised drafter shaped for ``target`` and bound to it."""
+        tcfg = target.config.get_text_config()
+        config = DSparkConfig(
+            target_config=tcfg.to_dict(), num_hidden_layers=num_layers, block_size=block_size,
+            sequential_head=head, markov_rank=markov_rank, target_layer_ids=target_layer_ids,
+            mask_token_id=mask_token_id,
+            use_confidence_head=(head != "none") if use_confidence_head is None else use_confidence_head,
+            target_name_or_path=getattr(target, "name_or_path", None) or tcfg.name_or_path or None,
+            target_embedding_signature=embedding_signature(target), **config_kwargs)
+        param = next(target.parameters())
+        model = cls(config).to(device=param.device, dtype=param.dtype)
+        return model.bind_target(target)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
+        """Load our format or any published dialect (DeepSpec, speculators, SpecForge / z-lab) and bind ``target``."""
+        from .dialects import load_drafter
+
+        return load_drafter(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
+
+    @classmethod
+    def _from_pretrained_native(cls, path, *args, **kwargs) -> "DSparkDraftModel":
+        return super().from_pretrained(path, *args, **kwargs)
+
+    def bind_target(self, target) -> "DSparkDraftModel":
+        """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit."""
+        _raise_if_target_mismatch(self.config, target)
+        self._bound_target[:] = [target]
+        return self
+
+    @property
+    def target(self):
+        if not self._bound_target:
+            raise RuntimeError("This drafter is not bound to a target: use DSparkDraftModel.from_pretrained(path, "
+                               "target=target) or draft.bind_target(target).")
+        return self._bound_target[0]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        weight = self.target.get_input_embeddings().weight.detach()
+        return F.embedding(ids, weight) * self.family.embed_scale(self.target_text_config)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's frozen LM head (and logit soft-cap, for families that have one)."""
+        logits = F.linear(hidden, self.target.get_output_embeddings().weight.detach())
+        cap = self.family.logit_softcap(self.target_text_config)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    # ---------------------------------------------------------------------------------------------------
+    # Backbone
+    # ---------------------------------------------------------------------------------------------------
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated raw target-layer outputs [.., m·d] -> H_ctx [.., d]."""
+        return self.hidden_norm(self.fc(features))
+
+    def extend_context(self, cache: DraftCache, features: torch.Tensor, positions: torch.Tensor,
+                       valid: torch.Tensor | None = None) -> DraftCache:
+        """Append committed positions to the drafter cache.
+
+        features [B, n, m·d] (raw taps, ascending layer order), positions [B, n] absolute positions,
+        valid [B, n] (False for padding).
+        """
+        if valid is None:
+            valid = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+        if features.shape[1] == 0:
+            return cache
+        ctx = self.fuse_features(features)
+        cos, sin = self.rotary_emb(ctx, positions)
+        kv = [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        cache.append([k for k, _ in kv], [v for _, v in kv], valid, positions)
+        return cache
+
+    def _run_layers(self, x, cos, sin, ctx_keys, ctx_values, mask) -> torch.Tensor:
+        for layer, ctx_k, ctx_v in zip(self.layers, ctx_keys, ctx_values):
+            x = layer(x, cos, sin, ctx_k, ctx_v, mask)
+        return self.norm(x)
+
+    def forward_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states [B, block_size, d] of the block [anchor, MASK × (γ-1)]."""
+        bsz, gamma = anchor_ids.shape[0], self.config.block_size
+        block_ids = anchor_ids.new_full((bsz, gamma), self.config.mask_token_id)
+        block_ids[:, 0] = anchor_ids
+        positions = anchor_positions[:, None] + torch.arange(gamma, device=anchor_ids.device)
+        x = self.embed(block_ids)
+        cos, sin = self.rotary_emb(x, positions)
+        block_mask = torch.ones(bsz, gamma, gamma, dtype=torch.bool, device=x.device)
+        if cache.num_slots:
+            # strictly before the anchor: the anchor's own target state does not exist yet
+            ctx_mask = cache.valid & (cache.positions < anchor_positions[:, None])
+            mask = torch.cat([ctx_mask[:, None, :].expand(bsz, gamma, -1), block_mask], dim=-1)
+            keys, values = cache.keys, cache.values
+        else:
+            mask = block_mask
+            empty = x.new_zeros(bsz, self.layers[0].self_attn.num_kv_heads, 0, self.config.head_dim)
+            keys = values = [empty] * len(self.layers)
+        return self._run_layers(x, cos, sin, keys, values, mask[:, None])
+
+    def forward(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
+                anchor_positions: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+        """Training forward: many blocks per sequence in one pass.
+
+        features [N, T, m·d], positions [N, T], context_valid [N, T] bool, anchor_positions [N, A],
+        block_ids [N, A, γ] (anchor then mask ids). Block a sees context rows at positions < its anchor and
+        its own γ slots (bidirectional), never other blocks. Returns h [N, A, γ, d].
+        """
+        n, num_blocks, gamma = block_ids.shape
+        ctx = self.fuse_features(features)
+        cos_c, sin_c = self.rotary_emb(ctx, positions)
+        block_pos = (anchor_positions[..., None] + torch.arange(gamma, device=block_ids.device)).view(n, -1)
+        x = self.embed(block_ids.view(n, -1))
+        cos_b, sin_b = self.rotary_emb(x, block_pos)
+        ctx_mask = context_valid[:, None, :] & (positions[:, None, :] < anchor_positions.repeat_interleave(gamma, 1)[..., None])
+        block_of = torch.arange(num_blocks, device=x.device).repeat_interleave(gamma)
+        block_mask = (block_of[:, None] == block_of[None, :]).expand(n, -1, -1)
+        mask = torch.cat([ctx_mask, block_mask], dim=-1)[:, None]
+        keys, values = zip(*(layer.self_attn.project_kv(ctx, cos_c, sin_c) for layer in self.layers))
+        h = self._run_layers(x, cos_b, sin_b, keys, values, mask)
+        return h.view(n, num_blocks, gamma, -1)
+
+    # ---------------------------------------------------------------------------------------------------
+    # Sequential sampling: the drafting primitive shared by generate, the engine, training eval and evaluation
+    # ---------------------------------------------------------------------------------------------------
+    def confidence_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Calibrated c_k = σ(z_k / T_k) (T_k from STS; 1 when uncalibrated). logits [..., γ]."""
+        temps = self.config.confidence_temperatures
+        if temps is not None:
+            logits = logits / torch.tensor(temps[: logits.shape[-1]], dtype=logits.dtype, device=logits.device)
+        return torch.sigmoid(logits)
+
+    @torch.no_grad()
+    def draft_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
+                    num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
+                    prefix_ids: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                    confidence_threshold: float | None = None) -> DraftBlock:
+        """Draft one block for every row: the primitive behind generate, the engine and the evaluation.
+
+        anchor_ids [B] (last committed token), anchor_positions [B]; the cache must already hold the context
+        (committed positions < anchor). ``logits_processor`` (transformers' list, incl. temperature/top-k/top-p
+        warpers when sampling) is applied to slot k's logits with input ids ``prefix_ids + drafts[:k]``, exactly
+        as the target's logits are processed at verification, so p and q see the same processors.
+        """
+        gamma = min(num_tokens or self.config.block_size, self.config.block_size)
+        threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
+        hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
+        base_logits = self.compute_logits(hidden).float()
+        bsz, vocab = base_logits.shape[0], base_logits.shape[-1]
+        head, top_k = self.markov_head, self.config.sequential_top_k
+        state = head.init_state(bsz, hidden) if head is not None else None
+        tokens = anchor_ids.new_zeros(bsz, gamma)
+        all_logits, all_probs, conf_logits = [], [], []
+        prev = anchor_ids
+        for k in range(gamma):
+            logits = base_logits[:, k]
+            prev_emb = head.markov_w1(prev) if head is not None else None
+            if head is not None:
+                u, state = head.step(hidden[:, k], prev_emb, state)
+                if top_k and top_k < vocab:
+                    # q_k is defined on the base top-k support; lossless because it is the q we sample from.
+                    cand = logits.topk(top_k, dim=-1).indices
+                    vals = logits.gather(-1, cand) + head.bias(u, cand).float()
+                    logits = torch.full_like(logits, float("-inf")).scatter(-1, cand, vals)
+                else:
+                    logits = logits + head.bias(u).float()
+            if self.confidence_head is not None:
+                conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
+            if logits_processor is not None:
+                ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
+                logits = logits_processor(ids, logits)
+            if do_sample:
+                probs = torch.softmax(logits, dim=-1)
+                tokens[:, k] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                all_probs.append(probs)
+            else:
+                tokens[:, k] = logits.argmax(dim=-1)
+            all_logits.append(logits)
+            prev = tokens[:, k]
+        z = torch.stack(conf_logits, dim=1) if conf_logits else None
+        confidence = self.confidence_from_logits(z) if z is not None else None
+        num_drafts = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
+        if threshold and threshold > 0 and confidence is not None:
+            # stop at the first slot whose own c_k (a function of x_<k only) is below the threshold
+            below = confidence < threshold
+            num_drafts = torch.where(below.any(-1), below.float().argmax(-1), num_drafts)
+        return DraftBlock(tokens=tokens, num_drafts=num_drafts, draft_logits=torch.stack(all_logits, 1),
+                          draft_probs=torch.stack(all_probs, 1) if do_sample else None, base_logits=base_logits,
+                          hidden=hidden, confidence=confidence, confidence_logits=z)
+
+
+# -------------------------------------------------------------------------------------------------------
+# Target compatibility
+# -------------------------------------------------------------------------------------------------------
+_SIGNATURE_ROWS = 8
+
+
+def embedding_signature(target) -> list[float]:
+    """Norms of a few fixed rows of the target's input embedding: cheap, dtype-robust target identity."""
+    weight = target.get_input_embeddings().weight.detach()
+    rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_ROWS).long()
+    return [round(float(x), 4) for x in weight[rows].float().norm(dim=-1)]
+
+
+def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:
+    tcfg = target.config.get_text_config()
+    expected = config.target_config
+    checks = [("model_type", tcfg.model_type, expected.get("model_type")),
+              ("hidden_size", tcfg.hidden_size, expected.get("hidden_size")),
+              ("num_hidden_layers", tcfg.num_hidden_layers, config.num_target_layers),
+              ("vocab_size", target.get_input_embeddings().weight.shape[0], expected.get("vocab_size"))]
+    for name, got, want in checks:
+        if want is not None and got != want:
+            raise ValueError(f"This drafter was built for a target with {name}={want}, but the given target has "
+                             f"{name}={got}. Load the drafter that matches this target "
+                             f"(drafter built for {config.target_name_or_path!r}).")
+    lm_rows = target.get_output_embeddings().weight.shape[0] if target.get_output_embeddings() is not None else None
+    if lm_rows is not None and lm_rows != expected.get("vocab_size", lm_rows):
+        raise ValueError(f"Target LM head has {lm_rows} rows but the drafter expects vocab_size="
+                         f"{expected.get('vocab_size')}.")
+    if config.target_embedding_signature:
+        got_sig = embedding_signature(target)
+        want_sig = config.target_embedding_signature
+        if len(got_sig) == len(want_sig) and any(
+                abs(a - b) > 2e-2 * max(abs(b), 1e-3) for a, b in zip(got_sig, want_sig)):
+            raise ValueError(f"The target's embedding does not match the one this drafter was trained with "
+                             f"(target {config.target_name_or_path!r}): same shapes, different weights. "
+                             "A drafter only fits the exact target it was trained for.")

