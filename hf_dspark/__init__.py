@@ -5,6 +5,8 @@ __version__ = "0.1.0.dev0"
 from transformers import AutoConfig, AutoModel
 
 from .embedded import load_default_target
+from .generation import disable, enable
+from .metrics import DSparkStats
 from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel
 
 AutoConfig.register(DSparkConfig.model_type, DSparkConfig, exist_ok=True)
@@ -16,5 +18,8 @@ __all__ = [
     "DSparkDraftModel",
     "DraftBlock",
     "DraftCache",
+    "DSparkStats",
     "load_default_target",
+    "enable",
+    "disable",
 ]

@@ -176,6 +176,11 @@ class DraftBlock:
     confidence_logits: torch.Tensor | None  # [B, γ] raw logits z_k
 
 
+# Callables run with the target whenever a drafter is bound to it (layers above modeling register here, so
+# modeling never imports them).
+TARGET_BIND_HOOKS: list = []
+
+
 class DSparkDraftModel(PreTrainedModel):
     """DSpark drafter (``sequential_head="none"`` gives the DFlash baseline). See the module docstring."""
 
@@ -246,9 +251,15 @@ class DSparkDraftModel(PreTrainedModel):
         return super().from_pretrained(path, *args, **kwargs)
 
     def bind_target(self, target) -> "DSparkDraftModel":
-        """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit."""
+        """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit.
+
+        Also runs the registered bind hooks; ``hf_dspark.generation`` registers one that makes the stock
+        ``target.generate(..., assistant_model=draft)`` use speculative decoding.
+        """
         _raise_if_target_mismatch(self.config, target)
         self._bound_target[:] = [target]
+        for hook in TARGET_BIND_HOOKS:
+            hook(target)
         return self
 
     @property

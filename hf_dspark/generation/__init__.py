@@ -1,0 +1,5 @@
+from .generate import dspark_decode
+from .integration import disable, enable
+from .verification import PLACEHOLDER_TOKEN_ID, VerificationResult, verify
+
+__all__ = ["dspark_decode", "enable", "disable", "verify", "VerificationResult", "PLACEHOLDER_TOKEN_ID"]

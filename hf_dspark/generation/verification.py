@@ -1,0 +1,95 @@
+"""THE accept / recover / bonus routine, shared by ``generate`` and the serving engine (SPEC §3).
+
+Vocabulary, per row of a batch, for drafts x_1..x_m (m = ``num_drafts[b]`` ≤ γ):
+
+* **accepted** tokens: the longest prefix of drafts that passes verification;
+* **recovered** token: at the first rejected position j, a token drawn from norm(max(p_j − q_j, 0))
+  (greedy: the target's argmax there);
+* **bonus** token: when all m drafts pass, a token drawn from p_{m+1} (greedy: its argmax).
+
+Each row commits ``num_accepted + 1`` tokens: the accepted drafts, then the recovered or bonus token.
+Slots after those in ``output_tokens`` hold :data:`PLACEHOLDER_TOKEN_ID`.
+
+Greedy (T = 0): p and q are one-hot, so a draft is accepted iff it equals the target's argmax and the output
+is exactly plain greedy decoding. Sampling: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); this
+preserves the target distribution exactly *provided q is the distribution x_j was actually sampled from*
+(for DSpark: base logits + sequential bias at the sampled prefix, after the same logits processors as p).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PLACEHOLDER_TOKEN_ID = -1
+# Below this residual mass p ≈ q at the rejected position; rejection there has probability ~0, so drawing from
+# p is the correct (measure-zero) fallback rather than dividing by zero.
+_RESIDUAL_EPS = 1e-12
+
+
+@dataclass
+class VerificationResult:
+    num_accepted: torch.Tensor  # [B] accepted drafts per row
+    next_tokens: torch.Tensor  # [B] recovered or bonus token
+    output_tokens: torch.Tensor  # [B, γ + 1] accepted drafts, next token, then PLACEHOLDER_TOKEN_ID
+
+    @property
+    def num_committed(self) -> torch.Tensor:
+        return self.num_accepted + 1
+
+
+def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: torch.Tensor,
+           draft_probs: torch.Tensor | None = None, *, do_sample: bool,
+           generator: torch.Generator | None = None) -> VerificationResult:
+    """Verify a batch of (ragged) draft blocks against the target in one call.
+
+    Args:
+        draft_tokens: [B, γ] drafts (entries at j ≥ num_drafts[b] are ignored).
+        num_drafts: [B] drafts proposed per row (0 ⇒ a plain decoding step for that row).
+        target_logits: [B, γ + 1, V] target logits at the anchor and each draft position, **after** the
+            logits processors (temperature / top-k / top-p / penalties) for that position's prefix.
+        draft_probs: [B, γ, V] the exact q each draft was sampled from (required when ``do_sample``).
+        do_sample: rejection sampling (True) or exact greedy matching (False).
+    """
+    bsz, gamma = draft_tokens.shape
+    device = draft_tokens.device
+    positions = torch.arange(gamma, device=device)
+    proposed = positions[None, :] < num_drafts[:, None]  # [B, γ]
+    safe_drafts = draft_tokens.clamp(min=0)
+
+    if do_sample:
+        if draft_probs is None:
+            raise ValueError("verify(do_sample=True) needs draft_probs: the exact distribution q the drafts were "
+                             "sampled from (without it the output distribution is not the target's).")
+        p = torch.softmax(target_logits.float(), dim=-1)  # [B, γ+1, V]
+        q = draft_probs.float()
+        p_x = p[:, :gamma].gather(-1, safe_drafts[..., None]).squeeze(-1)  # p_j(x_j)
+        q_x = q.gather(-1, safe_drafts[..., None]).squeeze(-1)  # q_j(x_j) > 0: x_j was drawn from q_j
+        uniform = torch.rand(bsz, gamma, device=device, generator=generator)
+        passes = uniform * q_x < p_x  # u < p/q without dividing
+    else:
+        target_argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
+        passes = draft_tokens == target_argmax[:, :gamma]
+
+    passes = passes & proposed
+    num_accepted = passes.long().cumprod(dim=-1).sum(dim=-1)  # length of the passing prefix
+    rows = torch.arange(bsz, device=device)
+
+    if do_sample:
+        p_next = p[rows, num_accepted]  # [B, V]: p at the first rejected position, or the bonus position
+        rejected = num_accepted < num_drafts
+        q_next = torch.zeros_like(p_next)
+        q_next[rejected] = q[rows[rejected], num_accepted[rejected]]
+        residual = (p_next - q_next).clamp(min=0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > _RESIDUAL_EPS, residual / mass.clamp(min=_RESIDUAL_EPS), p_next)
+        next_tokens = torch.multinomial(residual, 1, generator=generator).squeeze(-1)
+    else:
+        next_tokens = target_argmax[rows, num_accepted]
+
+    output = torch.full((bsz, gamma + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
+    keep = positions[None, :] < num_accepted[:, None]
+    output[:, :gamma] = torch.where(keep, draft_tokens, output[:, :gamma])
+    output[rows, num_accepted] = next_tokens
+    return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
