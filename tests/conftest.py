@@ -21,7 +21,8 @@ def make_tiny_llama(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_V
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+                      initializer_range=0.2)  # wide logit margins: varied text, no near-ties
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -31,7 +32,8 @@ def make_tiny_qwen3(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_V
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                      initializer_range=0.2)
     return Qwen3ForCausalLM(cfg).eval()
 
 
