@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -65,16 +66,21 @@ class SPSProfile:
 
     def __call__(self, num_tokens: int) -> float:
         """SPS(B) for one batch size."""
-        return float(self.lookup(torch.tensor([int(num_tokens)]))[0])
+        return float(self.lookup(np.array([int(num_tokens)]))[0])
 
-    def lookup(self, num_tokens: torch.Tensor) -> torch.Tensor:
-        """Vectorised SPS(B): long tensor of batch sizes -> float64 tensor (O(1) per entry)."""
-        num_tokens = torch.as_tensor(num_tokens, dtype=torch.long)
+    def lookup(self, num_tokens) -> np.ndarray:
+        """Vectorised SPS(B): integer array/tensor of batch sizes -> float64 array (O(1) per entry).
+
+        numpy, not torch: the scheduler calls this every engine step on a few thousand numbers, where torch's
+        intra-op threading costs more than the work."""
+        if isinstance(num_tokens, torch.Tensor):
+            num_tokens = num_tokens.detach().cpu().numpy()
+        num_tokens = np.asarray(num_tokens, dtype=np.int64)
         dense = self._dense  # type: ignore[attr-defined]
-        top = dense.numel() - 1
-        inside = dense[num_tokens.clamp(0, top)]
-        beyond = dense[top] * top / num_tokens.clamp(min=1).to(torch.float64)
-        return torch.where(num_tokens > top, beyond, inside)
+        top = dense.size - 1
+        inside = dense[np.clip(num_tokens, 0, top)]
+        beyond = dense[top] * top / np.maximum(num_tokens, 1)
+        return np.where(num_tokens > top, beyond, inside)
 
     def tokens_per_second(self, num_tokens: int) -> float:
         """Verify tokens processed per second at batch size B (B · SPS(B))."""
@@ -111,13 +117,10 @@ class SPSProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def _dense_table(tokens: tuple[int, ...], sps: tuple[float, ...]) -> torch.Tensor:
-    """SPS for every B in 0..B_max (index = B), linearly interpolated between measured points."""
-    dense = torch.empty(tokens[-1] + 1, dtype=torch.float64)
-    dense[: tokens[0] + 1] = sps[0]
-    for (b0, s0), (b1, s1) in zip(zip(tokens, sps), zip(tokens[1:], sps[1:])):
-        frac = torch.arange(1, b1 - b0 + 1, dtype=torch.float64) / (b1 - b0)
-        dense[b0 + 1: b1 + 1] = s0 + (s1 - s0) * frac
+def _dense_table(tokens: tuple[int, ...], sps: tuple[float, ...]) -> np.ndarray:
+    """SPS for every B in 0..B_max (index = B), linearly interpolated between measured points (flat below)."""
+    dense = np.interp(np.arange(tokens[-1] + 1), tokens, sps)
+    dense.setflags(write=False)
     return dense
 
 

@@ -24,14 +24,18 @@ Each policy's docstring says why it does not.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Union, runtime_checkable
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from .profiler import SPSProfile
 
 logger = logging.getLogger(__name__)
+
+ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 
 #: Neutral prior for requests whose drafter gives no confidence (e.g. DFlash): a typical per-position
 #: conditional acceptance. The engine should pass measured per-position acceptance rates instead.
@@ -85,78 +89,91 @@ def make_policy(name: str, **kwargs) -> VerifyPolicy:
 # ---------------------------------------------------------------------------------------------------------
 # Pure building blocks (shared by the policies and by tests / benchmarks)
 # ---------------------------------------------------------------------------------------------------------
-def fill_confidences(confidences: torch.Tensor | None, max_lengths: torch.Tensor, gamma: int | None = None,
-                     missing: float | torch.Tensor = DEFAULT_MISSING_CONFIDENCE) -> torch.Tensor:
-    """Conditional confidences as float64 [R, γ] in [0, 1]; NaN -> ``missing`` (scalar or per-position [γ]);
+def fill_confidences(confidences: ArrayLike | None, max_lengths: ArrayLike, gamma: int | None = None,
+                     missing: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE) -> np.ndarray:
+    """Conditional confidences as float64 [R, γ] in [0, 1]; NaN -> ``missing`` (scalar or per-position [≥ γ]);
     positions j > max_r -> 0 so they are never candidates."""
-    max_lengths = torch.as_tensor(max_lengths, dtype=torch.long).reshape(-1)
-    num_requests = max_lengths.numel()
+    max_lengths = _as_lengths(max_lengths)
+    num_requests = max_lengths.size
     if confidences is None:
-        width = gamma if gamma is not None else int(max_lengths.max().item()) if num_requests else 0
-        conf = torch.full((num_requests, width), float("nan"), dtype=torch.float64)
+        width = gamma if gamma is not None else int(max_lengths.max()) if num_requests else 0
+        conf = np.full((num_requests, width), np.nan)
     else:
-        conf = torch.as_tensor(confidences).to(dtype=torch.float64, device="cpu")
-        if conf.dim() != 2 or conf.shape[0] != num_requests:
+        conf = _as_numpy(confidences).astype(np.float64)
+        if conf.ndim != 2 or conf.shape[0] != num_requests:
             raise ValueError(f"confidences must be [R, γ] with R = len(max_lengths) = {num_requests}, "
                              f"got shape {tuple(conf.shape)}")
-    fill = torch.as_tensor(missing, dtype=torch.float64)
-    if fill.dim():  # per-position prior [≥ γ]
-        fill = fill[: conf.shape[1]].expand_as(conf)
-    conf = torch.where(torch.isnan(conf), fill, conf)
-    positions = torch.arange(1, conf.shape[1] + 1)
-    conf = conf.clamp(0.0, 1.0)
-    return torch.where(positions[None, :] <= max_lengths.cpu()[:, None], conf, torch.zeros_like(conf))
+    fill = _as_numpy(missing).astype(np.float64)
+    if fill.ndim:  # per-position prior
+        fill = np.broadcast_to(fill[: conf.shape[1]], conf.shape)
+    conf = np.clip(np.where(np.isnan(conf), fill, conf), 0.0, 1.0)
+    positions = np.arange(1, conf.shape[1] + 1)
+    return np.where(positions[None, :] <= max_lengths[:, None], conf, 0.0)
 
 
-def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:
+def prefix_survival(confidences: ArrayLike) -> np.ndarray:
     """a_{r,j} = Π_{i≤j} c_{r,i}: probability that drafts 1..j of request r are all accepted. [R, γ] -> [R, γ].
 
     NOTE: with c ∈ [0, 1] the float cumprod is exactly non-increasing in j (x·c rounds to a value ≤ x),
     which the admission order relies on to keep prefixes contiguous."""
-    return torch.cumprod(confidences, dim=-1)
+    return np.cumprod(_as_numpy(confidences).astype(np.float64), axis=-1)
 
 
-def admission_order(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def admission_order(survival: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidates (r, j) with a_{r,j} > 0 sorted by a descending; ties: smaller j first, then smaller r.
 
     The tie rule keeps each request's admitted set a contiguous prefix even when c = 1 makes a flat.
     Returns (rows [K], positions [K] 1-based, values [K])."""
+    survival = _as_numpy(survival)
     # Flatten position-major so a stable sort breaks ties by (j, r).
-    flat = survival.t().reshape(-1)
-    order = torch.sort(flat, descending=True, stable=True).indices
-    values = flat[order]
-    keep = values > 0
-    order, values = order[keep], values[keep]
+    flat = survival.T.reshape(-1)
+    order = np.argsort(-flat, kind="stable")
+    order = order[flat[order] > 0]
     num_requests = survival.shape[0]
-    return order % num_requests, order // num_requests + 1, values
+    return order % num_requests, order // num_requests + 1, flat[order]
 
 
-def throughput_path(values: torch.Tensor, num_requests: int, sps: "SPSProfile") -> torch.Tensor:
+def throughput_path(values: ArrayLike, num_requests: int, sps: "SPSProfile") -> np.ndarray:
     """Θ_k = (R + Σ_{i≤k} values_i) · SPS(R + k) for k = 0..K: expected accepted tokens per second after
     admitting the first k sorted candidates (Θ_0 = plain decoding of the R requests). [K] -> [K + 1]."""
-    tau = num_requests + torch.cat([values.new_zeros(1), torch.cumsum(values, 0)])
-    batch_tokens = num_requests + torch.arange(values.numel() + 1)
-    return tau * sps.lookup(batch_tokens).to(tau.dtype)
+    values = _as_numpy(values).astype(np.float64)
+    tau = num_requests + np.concatenate([[0.0], np.cumsum(values)])
+    return tau * sps.lookup(num_requests + np.arange(values.size + 1))
 
 
-def lengths_from_admissions(rows: torch.Tensor, num_admitted: int, num_requests: int) -> torch.Tensor:
+def lengths_from_admissions(rows: ArrayLike, num_admitted: int, num_requests: int) -> np.ndarray:
     """ℓ_r = how many of the first ``num_admitted`` candidates belong to r (= its longest admitted j, since
     admitted sets are contiguous prefixes)."""
-    return torch.bincount(rows[:num_admitted], minlength=num_requests).to(torch.long)
+    return np.bincount(_as_numpy(rows)[:num_admitted], minlength=num_requests).astype(np.int64)
 
 
-def num_leading_improvements(theta: torch.Tensor) -> int:
+def num_leading_improvements(theta: ArrayLike) -> int:
     """Algorithm 1's stopping point: admissions are kept while each one strictly improves Θ; the first that
     does not ends the walk (the break)."""
-    improving = (theta[1:] > theta[:-1]).to(torch.long)
-    return int(torch.cumprod(improving, 0).sum().item()) if improving.numel() else 0
+    theta = _as_numpy(theta)
+    not_improving = np.flatnonzero(theta[1:] <= theta[:-1])
+    return int(not_improving[0]) if not_improving.size else theta.size - 1
 
 
-def _check_lengths(max_lengths: torch.Tensor) -> torch.Tensor:
-    max_lengths = torch.as_tensor(max_lengths, dtype=torch.long).reshape(-1).cpu()
-    if (max_lengths < 0).any():
-        raise ValueError(f"max_lengths must be >= 0, got {max_lengths.tolist()}")
-    return max_lengths
+# NOTE: the policies work in numpy on purpose: R·γ is at most a few thousand numbers, and torch's intra-op
+# thread pool makes such tiny gathers/sorts cost milliseconds on a busy CPU (measured ~8 ms vs 30 µs).
+def _as_numpy(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _as_lengths(max_lengths: ArrayLike) -> np.ndarray:
+    lengths = _as_numpy(max_lengths).astype(np.int64).reshape(-1)
+    if (lengths < 0).any():
+        raise ValueError(f"max_lengths must be >= 0, got {lengths.tolist()}")
+    return lengths
+
+
+def _as_result(lengths: np.ndarray, like: ArrayLike) -> torch.Tensor:
+    """ℓ as a long tensor on the device of the caller's ``max_lengths``."""
+    device = like.device if isinstance(like, torch.Tensor) else None
+    return torch.as_tensor(np.ascontiguousarray(lengths, dtype=np.int64), device=device)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -167,7 +184,7 @@ class NoSpeculationPolicy:
     """ℓ = 0 for every request: the target decodes one token per request per step (continuous batching)."""
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
-        return torch.zeros_like(_check_lengths(max_lengths))
+        return _as_result(np.zeros_like(_as_lengths(max_lengths)), max_lengths)
 
 
 @register_policy("fixed")
@@ -181,8 +198,8 @@ class FixedLengthPolicy:
         self.num_tokens = num_tokens
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
-        max_lengths = _check_lengths(max_lengths)
-        return max_lengths if self.num_tokens is None else max_lengths.clamp(max=self.num_tokens)
+        lengths = _as_lengths(max_lengths)
+        return _as_result(lengths if self.num_tokens is None else np.minimum(lengths, self.num_tokens), max_lengths)
 
 
 @register_policy("threshold")
@@ -199,11 +216,11 @@ class ThresholdPolicy:
         self.missing_confidence = missing_confidence
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
-        max_lengths = _check_lengths(max_lengths)
-        conf = fill_confidences(confidences, max_lengths, missing=self.missing_confidence)
-        passing = (conf >= self.threshold).to(torch.long)
+        lengths = _as_lengths(max_lengths)
+        conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
+        passing = (conf >= self.threshold).astype(np.int64)
         # positions beyond max_r were zeroed by fill_confidences, so they fail unless threshold == 0
-        return torch.cumprod(passing, dim=-1).sum(-1).clamp(max=max_lengths)
+        return _as_result(np.minimum(np.cumprod(passing, axis=-1).sum(-1), lengths), max_lengths)
 
 
 @register_policy("scheduled")
@@ -223,23 +240,21 @@ class ScheduledPolicy:
     Θ is unimodal along the path (a smoothly falling SPS); ``scheduled-async`` handles jagged curves.
     """
 
-    def __init__(self, missing_confidence: float | torch.Tensor = DEFAULT_MISSING_CONFIDENCE):
+    def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE):
         self.missing_confidence = missing_confidence
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
-        max_lengths = _check_lengths(max_lengths)
-        num_requests = max_lengths.numel()
-        if num_requests == 0:
-            return max_lengths
-        survival = prefix_survival(fill_confidences(confidences, max_lengths, missing=self.missing_confidence))
+        lengths = _as_lengths(max_lengths)
+        num_requests = lengths.size
+        survival = prefix_survival(fill_confidences(confidences, lengths, missing=self.missing_confidence))
         rows, _, values = admission_order(survival)
         theta = throughput_path(values, num_requests, sps)
         num_admitted = num_leading_improvements(theta)
         self.last_theta = float(theta[num_admitted])
         logger.debug("scheduled: R=%d, admitted %d of %d candidates, Θ=%.3f", num_requests, num_admitted,
-                     values.numel(), self.last_theta)
-        return lengths_from_admissions(rows, num_admitted, num_requests)
+                     values.size, self.last_theta)
+        return _as_result(lengths_from_admissions(rows, num_admitted, num_requests), max_lengths)
 
 
 @register_policy("scheduled-async")
@@ -258,13 +273,13 @@ class AsyncScheduledPolicy:
     The history is keyed by ``step`` (the engine's step index; an internal counter when omitted).
     """
 
-    def __init__(self, missing_confidence: float | torch.Tensor = DEFAULT_MISSING_CONFIDENCE, delay: int = 2):
+    def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE, delay: int = 2):
         if delay < 1:
             raise ValueError(f"scheduled-async: delay must be >= 1 step, got {delay}")
         self.missing_confidence = missing_confidence
         self.delay = delay
         self.last_budget: int | None = None
-        self._history: dict[int, torch.Tensor] = {}  # step -> sorted candidate survivals of that step
+        self._history: dict[int, np.ndarray] = {}  # step -> sorted candidate survivals of that step
         self._next_step = 0
         self._fallback = ScheduledPolicy(missing_confidence)
 
@@ -272,40 +287,37 @@ class AsyncScheduledPolicy:
         self._history.clear()
         self._next_step = 0
 
-    def budget(self, old_values: torch.Tensor, num_requests: int, sps: "SPSProfile") -> int:
+    def budget(self, old_values: ArrayLike, num_requests: int, sps: "SPSProfile") -> int:
         """Global argmax of Θ over the stale candidate pool (smallest K on ties)."""
-        theta = throughput_path(old_values, num_requests, sps)
-        return int(torch.argmax(theta).item())  # torch.argmax returns the first maximum
+        return int(np.argmax(throughput_path(old_values, num_requests, sps)))  # argmax: first maximum
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
-        max_lengths = _check_lengths(max_lengths)
+        lengths = _as_lengths(max_lengths)
         step = self._next_step if step is None else int(step)
         self._next_step = step + 1
         old_values = self._history.get(step - self.delay)
-        num_requests = max_lengths.numel()
-        survival = prefix_survival(fill_confidences(confidences, max_lengths, missing=self.missing_confidence))
+        survival = prefix_survival(fill_confidences(confidences, lengths, missing=self.missing_confidence))
         rows, _, values = admission_order(survival)
         self._history[step] = values
         for key in [k for k in self._history if k <= step - self.delay]:
             del self._history[key]
-        if num_requests == 0:
-            return max_lengths
         if old_values is None:
-            lengths = self._fallback.choose(confidences, max_lengths, sps)
-            self.last_budget = int(lengths.sum())
-            return lengths
-        self.last_budget = self.budget(old_values, num_requests, sps)
-        return lengths_from_admissions(rows, min(self.last_budget, rows.numel()), num_requests)
+            chosen = self._fallback.choose(confidences, lengths, sps).numpy()
+            self.last_budget = int(chosen.sum())
+        else:
+            self.last_budget = self.budget(old_values, lengths.size, sps)
+            chosen = lengths_from_admissions(rows, min(self.last_budget, rows.size), lengths.size)
+        return _as_result(chosen, max_lengths)
 
 
-def expected_throughput(confidences: torch.Tensor | None, lengths: torch.Tensor, sps: "SPSProfile",
-                        missing: float | torch.Tensor = DEFAULT_MISSING_CONFIDENCE) -> float:
+def expected_throughput(confidences: ArrayLike | None, lengths: ArrayLike, sps: "SPSProfile",
+                        missing: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE) -> float:
     """Θ = τ · SPS(B) of a given choice ℓ (for comparing policies on one confidence table)."""
-    lengths = _check_lengths(lengths)
+    lengths = _as_lengths(lengths)
     # Passing ℓ as max_lengths zeroes a_{r,j} for j > ℓ_r, so the sum is exactly Σ_r Σ_{j≤ℓ_r} a_{r,j}.
     conf = fill_confidences(confidences, lengths, missing=missing)
-    tau = lengths.numel() + float(prefix_survival(conf).sum())
-    batch = int(lengths.sum()) + lengths.numel()
+    tau = lengths.size + float(prefix_survival(conf).sum())
+    batch = int(lengths.sum()) + lengths.size
     return tau * sps(batch) if batch else 0.0
 
 
