@@ -1,0 +1,106 @@
+"""SPS(B) table: lookup/interpolation, persistence, and profiling a tiny random Llama with an on-disk cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_dspark.serving import SPSProfile, profile_verify_sps
+from hf_dspark.serving import profiler
+from hf_dspark.serving.profiler import default_batch_grid, make_monotone, verify_batch_shape
+
+from conftest import make_tiny_llama
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny forwards are dominated by thread wake-ups on a busy 2-core CI box; the thread count is part of the
+    cache key anyway."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_lookup_interpolates_and_extrapolates():
+    sps = SPSProfile.from_user_table({2: 10.0, 4: 6.0, 8: 4.0})
+    assert [sps(b) for b in (0, 1, 2, 3, 4, 6, 8)] == pytest.approx([10.0, 10.0, 10.0, 8.0, 6.0, 5.0, 4.0])
+    assert sps(16) == pytest.approx(2.0)  # beyond the table: constant tokens/s (4 × 8 = 2 × 16)
+    assert sps.lookup(torch.tensor([1, 3, 16])).tolist() == pytest.approx([10.0, 8.0, 2.0])
+    assert sps.tokens_per_second(4) == pytest.approx(24.0)
+    assert sps.is_monotone() and sps.max_batch_tokens == 8
+
+
+def test_user_table_kept_as_given_even_if_jagged(caplog):
+    with caplog.at_level("WARNING", logger="hf_dspark.serving.profiler"):
+        sps = SPSProfile.from_user_table([(4, 5.0), (1, 9.0), (2, 4.0)])
+    assert sps.batch_tokens == (1, 2, 4) and sps.steps_per_second == (9.0, 4.0, 5.0)
+    assert not sps.is_monotone() and "not monotone" in caplog.text
+    assert sps.metadata["source"] == "user"
+
+
+def test_validation_messages():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        SPSProfile((2, 2), (1.0, 1.0))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        SPSProfile((1, 2), (1.0, 0.0))
+    with pytest.raises(ValueError, match="equally long"):
+        SPSProfile((1, 2), (1.0,))
+
+
+def test_save_load_roundtrip(tmp_path):
+    sps = SPSProfile((1, 3, 9), (5.0, 4.0, 1.5), {"source": "measured", "device": "cpu"})
+    sps.save(tmp_path / "a" / "sps.json")
+    again = SPSProfile.load(tmp_path / "a" / "sps.json")
+    assert again == sps and again.metadata == sps.metadata
+    assert json.loads((tmp_path / "a" / "sps.json").read_text())["batch_tokens"] == [1, 3, 9]
+
+
+def test_make_monotone_and_grid_helpers():
+    assert make_monotone([5.0, 6.0, 4.0, 4.5, 1.0]) == [5.0, 5.0, 4.0, 4.0, 1.0]
+    grid = default_batch_grid(100)
+    assert grid[:16] == list(range(1, 17)) and grid[-1] == 100 and grid == sorted(set(grid))
+    assert verify_batch_shape(5, 8) == (1, 5)
+    assert verify_batch_shape(16, 8) == (2, 8)
+    assert verify_batch_shape(17, 8) == (3, 6)  # 18 tokens: rows as even as possible, overshoot < one row
+
+
+def test_profile_tiny_llama_is_monotone_and_cached(tmp_path, monkeypatch, one_thread):
+    target = make_tiny_llama(num_layers=2)
+    grid = [1, 4, 16, 48]
+    sps = profile_verify_sps(target, grid, context_len=16, row_len=4, repeats=1, cache_dir=tmp_path)
+    assert sps.batch_tokens == tuple(grid) and sps.is_monotone()
+    assert sps.metadata["source"] == "measured" and len(sps.metadata["raw_steps_per_second"]) == len(grid)
+    assert np.all(np.array(sps.steps_per_second) <= np.array(sps.metadata["raw_steps_per_second"]) + 1e-9)
+    assert len(list((tmp_path / "sps").glob("*.json"))) == 1
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("profiled again despite a cached table")
+
+    monkeypatch.setattr(profiler, "time_verify_forward", no_timing)
+    cached = profile_verify_sps(target, grid, context_len=16, row_len=4, repeats=1, cache_dir=tmp_path)
+    assert cached == sps and cached.metadata["source"] == "cache"
+    user = profile_verify_sps(target, grid, user_table={1: 3.0, 64: 1.0}, cache_dir=tmp_path)
+    assert user.batch_tokens == (1, 64) and user.metadata["source"] == "user"
+    with pytest.raises(AssertionError, match="profiled again"):  # another grid is another cache entry
+        profile_verify_sps(target, [1, 2], context_len=16, row_len=4, repeats=1, cache_dir=tmp_path)
+
+
+def test_cache_key_depends_on_what_changes_the_curve():
+    target = make_tiny_llama(num_layers=2)
+    other = make_tiny_llama(num_layers=3)
+    kwargs = dict(context_len=16, row_len=4, dtype=torch.float32, device="cpu", repeats=1)
+    key = profiler.profile_cache_key(target, [1, 2], **kwargs)
+    assert key == profiler.profile_cache_key(make_tiny_llama(num_layers=2), [1, 2], **kwargs)
+    assert key != profiler.profile_cache_key(other, [1, 2], **kwargs)
+    assert key != profiler.profile_cache_key(target, [1, 2, 4], **kwargs)
+    assert key != profiler.profile_cache_key(target, [1, 2], **{**kwargs, "dtype": torch.bfloat16})
+
+
+def test_profiling_restores_train_mode(one_thread):
+    target = make_tiny_llama(num_layers=1).train()
+    sps = profile_verify_sps(target, [2, 8], context_len=8, row_len=4, repeats=1, use_cache=False)
+    assert target.training and all(s > 0 for s in sps.steps_per_second)
