@@ -1,0 +1,268 @@
+"""Sequential Temperature Scaling (STS) of the confidence head, plus the calibration metrics (ECE, AUC).
+
+The confidence head predicts *conditional* survival c_k = σ(z_k) = P(draft k accepted | drafts < k accepted),
+but the scheduler needs the *joint* a_k = Π_{i≤k} c_i in absolute terms, and a raw head trained with BCE on
+soft targets is over-confident (paper: ECE 3–8 %). STS (paper §3.2.1) fixes the joint, left to right: for
+k = 1..γ, grid-search one temperature T_k so that the 20-bin ECE of Π_{i≤k} σ(z_i/T_i) against the realised
+label 1[drafts 1..k all accepted] is minimal, with T_<k already fixed. Dividing a logit by T > 0 keeps its order,
+so position 1's AUC is unchanged exactly (later positions mix several rescaled logits, so theirs can move a bit).
+
+Data is one row per held-out decoding round (real rejection sampling at the serving temperature):
+``conf_logits`` [N, γ] raw z_k, ``accepted_prefix_len`` [N] leading drafts accepted, ``num_proposed`` [N] how
+many drafts that round actually offered (position k only counts in rounds with num_proposed ≥ k).
+Temperatures go into ``DSparkConfig.confidence_temperatures``; the drafter then reports σ(z_k / T_k).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BINS = 20  # what DeepSpec's recorder and the paper's reliability diagrams use
+
+
+def default_temperature_grid(num: int = 200) -> np.ndarray:
+    """T ∈ logspace(−1, 1): 0.1 (sharpen) .. 10 (soften); 1 is on the grid (odd count) so 'no change' is an option."""
+    grid = np.logspace(-1.0, 1.0, num if num % 2 else num + 1)
+    return grid
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class ReliabilityCurve:
+    """Per equal-width bin: mean predicted probability, observed frequency and count (NaN where empty)."""
+
+    bin_edges: list[float]
+    mean_predicted: list[float]
+    observed_rate: list[float]
+    counts: list[int]
+
+    @property
+    def num_samples(self) -> int:
+        return int(sum(self.counts))
+
+
+def _as_array(x, dtype=np.float64) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype).reshape(-1)
+
+
+def _bin_index(predictions: np.ndarray, bins: int) -> np.ndarray:
+    # p = 1.0 belongs to the last bin (intervals [i/bins, (i+1)/bins), the last one closed).
+    return np.minimum((predictions * bins).astype(np.int64), bins - 1)
+
+
+def reliability_curve(predictions, labels, bins: int = DEFAULT_BINS) -> ReliabilityCurve:
+    """Reliability diagram data for predicted probabilities vs binary outcomes (paper Fig. 6)."""
+    predictions, labels = _checked_pair(predictions, labels)
+    index = _bin_index(predictions, bins)
+    counts = np.bincount(index, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_pred = np.bincount(index, weights=predictions, minlength=bins) / counts
+        observed = np.bincount(index, weights=labels, minlength=bins) / counts
+    return ReliabilityCurve(np.linspace(0.0, 1.0, bins + 1).tolist(), mean_pred.tolist(), observed.tolist(),
+                            counts.tolist())
+
+
+def expected_calibration_error(predictions, labels, bins: int = DEFAULT_BINS) -> float:
+    """ECE = Σ_b (n_b / N) · |mean prediction_b − frequency_b| over equal-width bins (Naeini et al., 2015)."""
+    predictions, labels = _checked_pair(predictions, labels)
+    if predictions.size == 0:
+        return float("nan")
+    index = _bin_index(predictions, bins)
+    gap = np.bincount(index, weights=predictions, minlength=bins) - np.bincount(index, weights=labels,
+                                                                                  minlength=bins)
+    return float(np.abs(gap).sum() / predictions.size)
+
+
+def auc(scores, labels) -> float:
+    """Exact ROC AUC via ranks (Mann–Whitney U, ties counted half). NaN when one class is absent."""
+    scores, labels = _checked_pair(scores, labels, check_range=False)
+    num_pos = int(labels.sum())
+    num_neg = labels.size - num_pos
+    if num_pos == 0 or num_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    # tied scores share the average of the 1-based ranks they span
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], sorted_scores.size]
+    group_rank = (starts + ends + 1) / 2.0
+    ranks = np.empty_like(scores)
+    ranks[order] = np.repeat(group_rank, ends - starts)
+    return float((ranks[labels == 1].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+
+
+def _checked_pair(predictions, labels, check_range: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    predictions, labels = _as_array(predictions), _as_array(labels)
+    if predictions.shape != labels.shape:
+        raise ValueError(f"predictions and labels must have the same length, got {predictions.size} and "
+                         f"{labels.size}")
+    if check_range and predictions.size and (predictions.min() < 0 or predictions.max() > 1):
+        raise ValueError("predictions must be probabilities in [0, 1]")
+    if labels.size and not np.isin(labels, (0.0, 1.0)).all():
+        raise ValueError("labels must be 0/1")
+    return predictions, labels
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rounds -> per-position predictions and labels
+# ---------------------------------------------------------------------------------------------------------
+def _checked_rounds(conf_logits, accepted_prefix_len, num_proposed):
+    logits = conf_logits.detach().cpu().double().numpy() if isinstance(conf_logits, torch.Tensor) \
+        else np.asarray(conf_logits, dtype=np.float64)
+    if logits.ndim != 2:
+        raise ValueError(f"conf_logits must be [rounds, γ], got shape {logits.shape}")
+    accepted = _as_array(accepted_prefix_len, np.int64)
+    gamma = logits.shape[1]
+    proposed = np.full_like(accepted, gamma) if num_proposed is None else _as_array(num_proposed, np.int64)
+    if not accepted.size == proposed.size == logits.shape[0]:
+        raise ValueError(f"conf_logits ({logits.shape[0]} rounds), accepted_prefix_len ({accepted.size}) and "
+                         f"num_proposed ({proposed.size}) must describe the same rounds")
+    if (proposed < 0).any() or (proposed > gamma).any():
+        raise ValueError(f"num_proposed must lie in [0, γ={gamma}]")
+    if (accepted < 0).any() or (accepted > proposed).any():
+        raise ValueError("accepted_prefix_len must lie in [0, num_proposed] for every round")
+    return logits, accepted, proposed
+
+
+def cumulative_confidence(conf_logits, temperatures=None) -> np.ndarray:
+    """a_k = Π_{i≤k} σ(z_i / T_i) for every round: [N, γ] (T = 1 where ``temperatures`` is None)."""
+    logits = np.asarray(conf_logits.detach().cpu().double() if isinstance(conf_logits, torch.Tensor)
+                        else conf_logits, dtype=np.float64)
+    temps = np.ones(logits.shape[1]) if temperatures is None else np.asarray(temperatures, dtype=np.float64)
+    return np.cumprod(_sigmoid(logits / temps[: logits.shape[1]]), axis=1)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free σ
+
+
+def prefix_labels(accepted_prefix_len, num_proposed, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, valid), both [N, γ] bool: label_k = drafts 1..k all accepted; valid_k = position k was proposed."""
+    positions = np.arange(1, gamma + 1)[None, :]
+    accepted = _as_array(accepted_prefix_len, np.int64)[:, None]
+    return accepted >= positions, _as_array(num_proposed, np.int64)[:, None] >= positions
+
+
+# ---------------------------------------------------------------------------------------------------------
+# STS
+# ---------------------------------------------------------------------------------------------------------
+def fit_sts(conf_logits, accepted_prefix_len, num_proposed=None, grid=None, bins: int = DEFAULT_BINS) -> list[float]:
+    """Per-position temperatures T_1..T_γ, fitted left to right to minimise the ECE of the joint survival.
+
+    conf_logits [N, γ] raw z_k; accepted_prefix_len [N]; num_proposed [N] (None = all γ every round).
+    Positions with no proposed rounds keep T = 1. Ties on the grid resolve to the smallest T."""
+    logits, accepted, proposed = _checked_rounds(conf_logits, accepted_prefix_len, num_proposed)
+    grid = default_temperature_grid() if grid is None else np.asarray(grid, dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0 or (grid <= 0).any():
+        raise ValueError("grid must be a non-empty 1-D sequence of positive temperatures")
+    labels, valid = prefix_labels(accepted, proposed, logits.shape[1])
+    temperatures: list[float] = []
+    prefix = np.ones(logits.shape[0])  # Π_{i<k} σ(z_i / T_i) with the already-fitted T_<k
+    for k in range(logits.shape[1]):
+        rows = valid[:, k]
+        if rows.any():
+            eces = _ece_over_grid(prefix[rows], logits[rows, k], labels[rows, k].astype(np.float64), grid, bins)
+            best = int(np.argmin(eces))
+            temperatures.append(float(grid[best]))
+            logger.info("STS position %d: T=%.3f ECE %.4f -> %.4f (%d rounds)", k + 1, grid[best],
+                        _ece_at(prefix[rows], logits[rows, k], labels[rows, k], 1.0, bins), eces[best], rows.sum())
+        else:
+            temperatures.append(1.0)
+            logger.warning("STS position %d: no round proposed it; keeping T=1", k + 1)
+        prefix = prefix * _sigmoid(logits[:, k] / temperatures[-1])
+    return temperatures
+
+
+def _ece_at(prefix, logits, labels, temperature, bins) -> float:
+    return expected_calibration_error(prefix * _sigmoid(logits / temperature), labels.astype(np.float64), bins)
+
+
+def _ece_over_grid(prefix: np.ndarray, logits: np.ndarray, labels: np.ndarray, grid: np.ndarray, bins: int,
+                   max_elements: int = 1 << 22) -> np.ndarray:
+    """ECE for every temperature at once, in chunks of the grid to bound memory (G × N floats)."""
+    num = prefix.size
+    eces = np.empty(grid.size)
+    chunk = max(1, max_elements // max(num, 1))
+    for start in range(0, grid.size, chunk):
+        temps = grid[start:start + chunk]
+        preds = prefix[None, :] * _sigmoid(logits[None, :] / temps[:, None])  # [g, N]
+        index = _bin_index(preds, bins) + bins * np.arange(temps.size)[:, None]
+        length = bins * temps.size
+        gap = np.bincount(index.ravel(), weights=preds.ravel(), minlength=length) \
+            - np.bincount(index.ravel(), weights=np.broadcast_to(labels, preds.shape).ravel(), minlength=length)
+        eces[start:start + chunk] = np.abs(gap.reshape(temps.size, bins)).sum(1) / num
+    return eces
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class PositionCalibration:
+    """Calibration of the joint survival a_k at one draft position (1-based), before and after STS."""
+
+    position: int
+    num_rounds: int
+    acceptance_rate: float  # empirical P(drafts 1..k accepted)
+    mean_confidence_before: float
+    mean_confidence_after: float
+    ece_before: float
+    ece_after: float
+    auc_before: float
+    auc_after: float
+    temperature: float
+    curve_before: ReliabilityCurve
+    curve_after: ReliabilityCurve
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibration_report(conf_logits, accepted_prefix_len, num_proposed=None, temperatures=None,
+                       bins: int = DEFAULT_BINS) -> list[PositionCalibration]:
+    """Per position: ECE and AUC of a_k before (T = 1) and after ``temperatures`` (fitted here when None)."""
+    logits, accepted, proposed = _checked_rounds(conf_logits, accepted_prefix_len, num_proposed)
+    if temperatures is None:
+        temperatures = fit_sts(logits, accepted, proposed, bins=bins)
+    if len(temperatures) < logits.shape[1]:
+        raise ValueError(f"need {logits.shape[1]} temperatures (one per position), got {len(temperatures)}")
+    labels, valid = prefix_labels(accepted, proposed, logits.shape[1])
+    before, after = cumulative_confidence(logits), cumulative_confidence(logits, temperatures)
+    report = []
+    for k in range(logits.shape[1]):
+        rows = valid[:, k]
+        y = labels[rows, k].astype(np.float64)
+        p0, p1 = before[rows, k], after[rows, k]
+        report.append(PositionCalibration(
+            position=k + 1, num_rounds=int(rows.sum()), acceptance_rate=float(y.mean()) if y.size else float("nan"),
+            mean_confidence_before=float(p0.mean()) if y.size else float("nan"),
+            mean_confidence_after=float(p1.mean()) if y.size else float("nan"),
+            ece_before=expected_calibration_error(p0, y, bins), ece_after=expected_calibration_error(p1, y, bins),
+            auc_before=auc(p0, y), auc_after=auc(p1, y), temperature=float(temperatures[k]),
+            curve_before=reliability_curve(p0, y, bins), curve_after=reliability_curve(p1, y, bins)))
+    return report
+
+
+__all__ = [
+    "DEFAULT_BINS",
+    "PositionCalibration",
+    "ReliabilityCurve",
+    "auc",
+    "calibration_report",
+    "cumulative_confidence",
+    "default_temperature_grid",
+    "expected_calibration_error",
+    "fit_sts",
+    "prefix_labels",
+    "reliability_curve",
+]

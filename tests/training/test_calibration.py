@@ -1,0 +1,136 @@
+"""STS calibration and the ECE / AUC / reliability metrics on hand cases and synthetic over-confident heads."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from hf_dspark.training.calibration import (
+    auc,
+    calibration_report,
+    cumulative_confidence,
+    default_temperature_grid,
+    expected_calibration_error,
+    fit_sts,
+    prefix_labels,
+    reliability_curve,
+)
+
+
+def brute_force_auc(scores, labels):
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+def test_ece_by_hand():
+    # bin [0.1, 0.2): mean p .1 vs freq .5 -> .4·2/4; bin [0.9, 1.0]: .9 vs 1 -> .1·2/4
+    assert expected_calibration_error([0.1, 0.1, 0.9, 0.9], [0, 1, 1, 1], bins=10) == pytest.approx(0.25)
+    assert expected_calibration_error([1.0, 1.0, 0.0], [1, 1, 0]) == pytest.approx(0.0)  # p = 1 in the last bin
+    assert expected_calibration_error([0.3] * 10, [1] * 3 + [0] * 7) == pytest.approx(0.0)
+    assert expected_calibration_error([0.95, 0.85], [0, 0], bins=1) == pytest.approx(0.9)
+    assert np.isnan(expected_calibration_error([], []))
+
+
+def test_reliability_curve_by_hand():
+    curve = reliability_curve([0.1, 0.15, 0.9, 0.95], [0, 1, 1, 1], bins=2)
+    assert curve.bin_edges == [0.0, 0.5, 1.0] and curve.counts == [2, 2] and curve.num_samples == 4
+    assert curve.mean_predicted == pytest.approx([0.125, 0.925]) and curve.observed_rate == pytest.approx([0.5, 1.0])
+    empty = reliability_curve([0.9], [1], bins=4)
+    assert np.isnan(empty.mean_predicted[0]) and empty.counts == [0, 0, 0, 1]
+
+
+def test_auc_by_hand_and_against_pair_counting():
+    assert auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert auc([0.5, 0.5], [0, 1]) == pytest.approx(0.5)
+    assert auc([0.2, 0.5, 0.5, 0.9], [0, 0, 1, 1]) == pytest.approx(0.875)
+    assert auc([0.9, 0.1], [1, 0]) == 1.0 and auc([0.9, 0.1], [0, 1]) == 0.0
+    assert np.isnan(auc([0.3, 0.4], [1, 1]))
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, 60) / 5.0  # many ties
+    labels = rng.integers(0, 2, 60)
+    assert auc(scores, labels) == pytest.approx(brute_force_auc(scores, labels), abs=1e-12)
+
+
+def test_metric_input_checks():
+    with pytest.raises(ValueError, match="same length"):
+        expected_calibration_error([0.1, 0.2], [1])
+    with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):
+        expected_calibration_error([1.5], [1])
+    with pytest.raises(ValueError, match="labels must be 0/1"):
+        auc([0.1, 0.2], [0, 2])
+
+
+def test_prefix_labels_and_cumulative_confidence():
+    labels, valid = prefix_labels([0, 2, 3], [3, 2, 3], gamma=3)
+    assert labels.tolist() == [[False, False, False], [True, True, False], [True, True, True]]
+    assert valid.tolist() == [[True, True, True], [True, True, False], [True, True, True]]
+    z = torch.tensor([[0.0, 0.0], [2.0, -2.0]])
+    s2 = 1 / (1 + np.exp(-1.0))  # σ(2 / 2)
+    assert cumulative_confidence(z, [1.0, 1.0])[0].tolist() == pytest.approx([0.5, 0.25])
+    assert cumulative_confidence(z, [2.0, 2.0])[1].tolist() == pytest.approx([s2, s2 * (1 - s2)])
+
+
+def synthetic_rounds(num_rounds=20000, gamma=4, inflate=3.0, seed=0):
+    """True conditional survival c_k = σ(u_k); drafts are accepted left to right ~ Bernoulli(c_k) until the
+    first rejection; the 'head' reports z = inflate · u (over-confident). Some rounds propose fewer drafts."""
+    rng = np.random.default_rng(seed)
+    true_logits = rng.normal(1.0, 1.2, size=(num_rounds, gamma))
+    accepted_each = rng.random((num_rounds, gamma)) < 1 / (1 + np.exp(-true_logits))
+    prefix = np.cumprod(accepted_each, axis=1).sum(1)
+    proposed = np.where(rng.random(num_rounds) < 0.3, rng.integers(1, gamma + 1, num_rounds), gamma)
+    return torch.tensor(inflate * true_logits), torch.tensor(np.minimum(prefix, proposed)), torch.tensor(proposed)
+
+
+def test_sts_recovers_inflation_and_lowers_ece():
+    logits, accepted, proposed = synthetic_rounds()
+    temperatures = fit_sts(logits, accepted, proposed)
+    assert len(temperatures) == 4
+    assert temperatures == pytest.approx([3.0] * 4, rel=0.2)  # the inflation factor, position by position
+    report = calibration_report(logits, accepted, proposed, temperatures)
+    for row in report:
+        assert row.ece_before > 0.05, row
+        assert row.ece_after < 0.02, row
+        assert row.ece_after < row.ece_before / 3
+        assert row.mean_confidence_after == pytest.approx(row.acceptance_rate, abs=0.02)
+    # position 1: one logit rescaled -> order preserved -> AUC identical; later: products of rescaled logits
+    assert report[0].auc_after == report[0].auc_before
+    for row in report[1:]:
+        assert row.auc_after == pytest.approx(row.auc_before, abs=0.02)
+    assert [row.num_rounds for row in report][0] == 20000 and report[-1].num_rounds < 20000
+
+
+def test_sts_keeps_a_calibrated_head_and_handles_unproposed_positions():
+    logits, accepted, proposed = synthetic_rounds(num_rounds=20000, gamma=3, inflate=1.0, seed=1)
+    temperatures = fit_sts(logits, accepted, proposed)
+    assert temperatures == pytest.approx([1.0] * 3, rel=0.2)
+    proposed = torch.where(proposed > 2, 2, proposed)  # position 3 never offered
+    accepted = torch.minimum(accepted, proposed)
+    assert fit_sts(logits, accepted, proposed)[2] == 1.0
+    report = calibration_report(logits, accepted, proposed, [1.0, 1.0, 1.0])
+    assert report[2].num_rounds == 0 and np.isnan(report[2].ece_after)
+
+
+def test_grid_default_and_input_validation():
+    grid = default_temperature_grid()
+    assert grid[0] == pytest.approx(0.1) and grid[-1] == pytest.approx(10.0) and np.isclose(grid, 1.0).any()
+    logits = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="same rounds"):
+        fit_sts(logits, [0, 1], [2, 2])
+    with pytest.raises(ValueError, match=r"accepted_prefix_len must lie in \[0, num_proposed\]"):
+        fit_sts(logits, [0, 2, 1], [2, 1, 2])
+    with pytest.raises(ValueError, match="positive temperatures"):
+        fit_sts(logits, [0, 1, 1], grid=[0.0, 1.0])
+    with pytest.raises(ValueError, match="need 2 temperatures"):
+        calibration_report(logits, [0, 1, 1], temperatures=[1.0])
+
+
+def test_report_serialises():
+    logits, accepted, proposed = synthetic_rounds(num_rounds=500, gamma=2)
+    row = calibration_report(logits, accepted, proposed)[0].to_dict()
+    assert {"position", "ece_before", "ece_after", "auc_before", "temperature", "curve_after"} <= set(row)
+    assert len(row["curve_after"]["counts"]) == 20
