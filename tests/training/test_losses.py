@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from chat_data import single_thread  # noqa: F401
 from torch import nn
 
 from hf_dspark.training.anchors import IGNORE_LABEL, BlockTargets, make_block_targets, sample_anchors
@@ -16,6 +17,7 @@ from hf_dspark.training.losses import (
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 W1 = math.exp(-0.25)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 class _StubHead(nn.Module):
