@@ -217,6 +217,10 @@ class DSparkDraftModel(PreTrainedModel):
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        else:
+            # NOTE: transformers builds models on the meta device and restores non-persistent buffers here; without
+            # this the rotary inv_freq of a from_pretrained drafter is uninitialised memory.
+            super()._init_weights(module)
 
     # ---------------------------------------------------------------------------------------------------
     # Binding to a target
