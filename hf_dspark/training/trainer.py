@@ -1,0 +1,371 @@
+"""Drafter training on a target cache, with `accelerate`: one CPU, one GPU or `accelerate launch` on many.
+
+Published recipe (SPEC §5): AdamW lr 6e-4, no weight decay, 4 % linear warm-up then cosine to 0, grad clip 1.0,
+bf16 autocast on GPUs (fp32 master weights). Only drafter parameters train: the target's embedding and LM head
+are read through ``.detach()`` by the drafter and never registered as its parameters.
+
+Reproducibility is by construction, so a resumed run repeats an uninterrupted one exactly:
+
+* data order: one global stream of samples, epoch e shuffled by ``randperm`` seeded with ``seed + e``; a step
+  takes the next ``batch × accumulation × world`` samples, so the state is just (epoch, offset);
+* anchors: each micro-batch's generator is seeded from (seed, step, micro-batch, rank), not from a running RNG;
+* checkpoints hold drafter weights, optimizer, scheduler, step and stream position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from .anchors import make_block_targets, sample_anchors
+from .losses import LossConfig, LossStats, compute_block_hidden, compute_loss, slot_weights
+from .target_cache import collate_target_batch
+
+logger = logging.getLogger(__name__)
+
+LATEST_NAME = "latest"  # file in output_dir naming the newest complete checkpoint
+STATE_NAME = "trainer_state.pt"
+METRICS_NAME = "metrics.jsonl"
+FINAL_DIR = "drafter"
+
+
+@dataclass
+class DSparkTrainingConfig:
+    """Training settings (steps count optimizer updates; a micro-batch is ``per_device_batch_size`` sequences).
+
+    ``max_minutes`` (float, defaults to None): wall-clock budget; training stops cleanly with a checkpoint.
+    ``mixed_precision`` (str, defaults to "auto"): "auto" = bf16 autocast on GPU, fp32 on CPU; or "no"/"bf16".
+    ``save_total_limit`` (int, defaults to 2): checkpoints kept (oldest deleted first; the final one always kept).
+    """
+
+    output_dir: str
+    max_steps: int = 1000
+    max_minutes: float | None = None
+    per_device_batch_size: int = 1
+    gradient_accumulation_steps: int = 8
+    learning_rate: float = 6e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_ratio: float = 0.04
+    max_grad_norm: float = 1.0
+    num_anchors: int = 64
+    loss: LossConfig = field(default_factory=LossConfig)
+    seed: int = 0
+    save_steps: int = 500
+    save_total_limit: int | None = 2
+    logging_steps: int = 1
+    mixed_precision: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, dict):
+            self.loss = LossConfig(**self.loss)
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1.")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1).")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision={self.mixed_precision!r} must be 'auto', 'no', 'bf16' or 'fp16'.")
+        if self.per_device_batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ValueError("per_device_batch_size and gradient_accumulation_steps must be >= 1.")
+
+    @property
+    def num_warmup_steps(self) -> int:
+        return int(self.warmup_ratio * self.max_steps)
+
+
+def lr_factor(step: int, num_warmup: int, num_total: int) -> float:
+    """Linear warm-up (step + 1) / warm-up, then cosine from 1 to 0 at ``num_total`` (DeepSpec's schedule)."""
+    if step < num_warmup:
+        return (step + 1) / num_warmup
+    progress = (step - num_warmup) / max(1, num_total - num_warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def anchor_generator(seed: int, step: int, micro: int, rank: int) -> torch.Generator:
+    """A generator that depends only on where we are in training (stateless, so resume is exact)."""
+    state = np.random.SeedSequence([seed, step, micro, rank]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class SampleStream:
+    """Endless sample order: epoch e is ``randperm(n, seed + e)``; position = (epoch, offset)."""
+
+    def __init__(self, num_samples: int, seed: int, epoch: int = 0, offset: int = 0):
+        if num_samples < 1:
+            raise ValueError("The training set is empty.")
+        self.num_samples, self.seed, self.epoch, self.offset = num_samples, seed, epoch, offset
+        self._perm = self._permutation(epoch)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        return torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        while len(out) < count:
+            if self.offset == self.num_samples:
+                self.epoch, self.offset = self.epoch + 1, 0
+                self._perm = self._permutation(self.epoch)
+            grab = min(count - len(out), self.num_samples - self.offset)
+            out.extend(self._perm[self.offset:self.offset + grab])
+            self.offset += grab
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+
+class _TrainingStep(nn.Module):
+    """Wraps the drafter so the whole differentiable computation is one ``forward`` (what DDP expects)."""
+
+    def __init__(self, drafter: nn.Module, loss_config: LossConfig):
+        super().__init__()
+        self.drafter = drafter
+        self.loss_config = loss_config
+
+    def forward(self, batch: dict, targets, denominator: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = compute_block_hidden(self.drafter, batch["target_hidden_states"], batch["attention_mask"], targets)
+        out = compute_loss(self.drafter, hidden, targets, batch["target_last_hidden_states"], self.loss_config,
+                           denominator=denominator)
+        return out.loss, out.stats.to_vector()
+
+
+class DSparkTrainer:
+    """Trains ``drafter`` (bound to its target) on a :class:`TargetCacheDataset`.
+
+    The target is moved to the accelerator's device (its embedding and LM head are used on every step).
+    """
+
+    def __init__(self, drafter, dataset, config: DSparkTrainingConfig, accelerator=None):
+        from accelerate import Accelerator
+
+        self.config = config
+        self.dataset = dataset
+        if accelerator is None:
+            precision = config.mixed_precision
+            if precision == "auto":
+                precision = "bf16" if torch.cuda.is_available() else "no"
+            accelerator = Accelerator(mixed_precision=precision)
+        self.accelerator = accelerator
+        self.output_dir = Path(config.output_dir)
+        drafter.target.to(accelerator.device)
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        _raise_if_target_params(params, drafter.target)
+        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps,
+                                      weight_decay=config.weight_decay)
+        self.model, self.optimizer = accelerator.prepare(_TrainingStep(drafter, config.loss), optimizer)
+        # NOTE: the scheduler is not passed to prepare(): accelerate would step it once per process.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, config.num_warmup_steps, config.max_steps))
+        self.step = 0
+        self.stream = SampleStream(len(dataset), config.seed)
+        self._checkpoint_params = self._save_params()
+
+    @property
+    def drafter(self):
+        return self.accelerator.unwrap_model(self.model).drafter
+
+    def _save_params(self) -> dict:
+        c = self.config
+        return {"num_samples": len(self.dataset), "seed": c.seed, "per_device_batch_size": c.per_device_batch_size,
+                "gradient_accumulation_steps": c.gradient_accumulation_steps, "max_steps": c.max_steps,
+                "num_processes": self.accelerator.num_processes}
+
+    # -------------------------------------------------------------------------------------------------------
+    # One optimizer step
+    # -------------------------------------------------------------------------------------------------------
+    def _micro_batch(self, indices: list[int], micro: int) -> tuple[dict, object]:
+        device = self.accelerator.device
+        batch = {k: v.to(device) for k, v in collate_target_batch([self.dataset[i] for i in indices]).items()}
+        cfg = self.drafter.config
+        gen = anchor_generator(self.config.seed, self.step, micro, self.accelerator.process_index)
+        positions, keep = sample_anchors(batch["loss_mask"].cpu(), self.config.num_anchors, generator=gen)
+        targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions.to(device), keep.to(device),
+                                     cfg.block_size, cfg.mask_token_id)
+        return batch, targets
+
+    def _denominator(self, targets) -> torch.Tensor:
+        """Σ w over all ranks / world size: DDP's gradient mean then gives Σ_global w·l / Σ_global w."""
+        local = slot_weights(targets.eval_mask, self.config.loss.decay).sum()
+        if self.accelerator.num_processes == 1:
+            return local.clamp(min=1e-12)
+        return (self.accelerator.reduce(local, reduction="sum") / self.accelerator.num_processes).clamp(min=1e-12)
+
+    def training_step(self) -> tuple[LossStats, dict]:
+        """Accumulate gradients over the step's micro-batches, clip, update. Returns (stats, step info)."""
+        c, acc = self.config, self.accelerator
+        world, per = acc.num_processes, c.per_device_batch_size
+        indices = self.stream.take(per * world * c.gradient_accumulation_steps)
+        stats_vec, num_tokens = None, 0
+        for micro in range(c.gradient_accumulation_steps):
+            start = (micro * world + acc.process_index) * per
+            batch, targets = self._micro_batch(indices[start:start + per], micro)
+            num_tokens += int(batch["attention_mask"].sum())
+            last = micro == c.gradient_accumulation_steps - 1
+            sync = contextlib.nullcontext() if last else acc.no_sync(self.model)
+            with sync:
+                loss, vec = self.model(batch, targets, self._denominator(targets))
+                acc.backward(loss / c.gradient_accumulation_steps)
+            stats_vec = vec if stats_vec is None else stats_vec + vec
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        stats_vec = acc.reduce(stats_vec, reduction="sum") if world > 1 else stats_vec
+        block = self.drafter.config.block_size
+        info = {"lr": lr, "grad_norm": float(grad_norm), "num_tokens": num_tokens * world}
+        return LossStats.from_vector(stats_vec.float().cpu(), block), info
+
+    # -------------------------------------------------------------------------------------------------------
+    # The loop
+    # -------------------------------------------------------------------------------------------------------
+    def train(self, resume: bool = False, stop_at_step: int | None = None) -> dict:
+        """Train to ``max_steps`` (or ``stop_at_step``, or the time budget); returns the last logged metrics.
+
+        ``resume``: continue from the newest checkpoint in ``output_dir``. Every stop writes a checkpoint.
+        """
+        c, acc = self.config, self.accelerator
+        if resume:
+            self.load_checkpoint(self.latest_checkpoint())
+        elif self.latest_checkpoint(must_exist=False) is not None:
+            raise ValueError(f"{self.output_dir} already holds checkpoints: resume from them (--resume) or use a "
+                             "new output directory.")
+        end = min(c.max_steps, stop_at_step or c.max_steps)
+        self._trim_metrics()
+        start_time, last = time.perf_counter(), {}
+        bar = tqdm(total=end, initial=self.step, desc="train", unit="step",
+                   disable=not (c.progress and acc.is_main_process))
+        while self.step < end:
+            step_start = time.perf_counter()
+            stats, info = self.training_step()
+            metrics = {"step": self.step, "epoch": self.stream.epoch, "lr": info["lr"],
+                       "grad_norm": info["grad_norm"], **stats.summary(c.loss),
+                       "tokens_per_s": info["num_tokens"] / (time.perf_counter() - step_start),
+                       "elapsed_s": time.perf_counter() - start_time}
+            if self.step % c.logging_steps == 0 or self.step == end:
+                self._log(metrics)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics['tau_probabilistic']:.2f}")
+            last = metrics
+            out_of_time = self._out_of_time(start_time)
+            if self.step % c.save_steps == 0 or self.step == end or out_of_time:
+                self.save_checkpoint()
+            if out_of_time:
+                logger.info("Time budget of %.1f min reached at step %d; checkpoint saved.", c.max_minutes, self.step)
+                break
+        bar.close()
+        if self.step >= c.max_steps and acc.is_main_process:
+            self.drafter.save_pretrained(self.output_dir / FINAL_DIR)
+        acc.wait_for_everyone()
+        return last
+
+    def _out_of_time(self, start_time: float) -> bool:
+        if self.config.max_minutes is None:
+            return False
+        flag = torch.tensor(float(time.perf_counter() - start_time > 60 * self.config.max_minutes),
+                            device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:  # every rank must stop at the same step
+            flag = self.accelerator.reduce(flag, reduction="max")
+        return bool(flag.item())
+
+    def _log(self, metrics: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+        with (self.output_dir / METRICS_NAME).open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+    def _trim_metrics(self) -> None:
+        """Drop log lines past the resumed step: they are about to be recomputed (identically)."""
+        path = self.output_dir / METRICS_NAME
+        if not self.accelerator.is_main_process or not path.is_file():
+            return
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["step"] <= self.step]
+        if len(kept) != len(lines):
+            path.write_text("".join(line + "\n" for line in kept))
+
+    # -------------------------------------------------------------------------------------------------------
+    # Checkpoints
+    # -------------------------------------------------------------------------------------------------------
+    def latest_checkpoint(self, must_exist: bool = True) -> Path | None:
+        pointer = self.output_dir / LATEST_NAME
+        if pointer.is_file():
+            return self.output_dir / pointer.read_text().strip()
+        if must_exist:
+            raise FileNotFoundError(f"No checkpoint to resume from in {self.output_dir}.")
+        return None
+
+    def save_checkpoint(self) -> Path:
+        """Write checkpoint-<step>/ (drafter + trainer state), then atomically point ``latest`` at it."""
+        acc = self.accelerator
+        path = self.output_dir / f"checkpoint-{self.step:07d}"
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.drafter.save_pretrained(tmp)
+            torch.save({"step": self.step, "stream": self.stream.state_dict(),
+                        "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "params": self._checkpoint_params, "config": _jsonable(asdict(self.config)),
+                        "torch_rng": torch.get_rng_state()}, tmp / STATE_NAME)
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+            pointer = self.output_dir / (LATEST_NAME + ".tmp")
+            pointer.write_text(path.name)
+            os.replace(pointer, self.output_dir / LATEST_NAME)
+            self._prune_checkpoints(keep=path)
+        acc.wait_for_everyone()
+        return path
+
+    def _prune_checkpoints(self, keep: Path) -> None:
+        limit = self.config.save_total_limit
+        if not limit:
+            return
+        checkpoints = sorted(p for p in self.output_dir.glob("checkpoint-*") if p.is_dir() and p.suffix != ".tmp")
+        for old in [p for p in checkpoints if p != keep][: max(0, len(checkpoints) - limit)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=False)
+        changed = {k: (v, self._checkpoint_params.get(k)) for k, v in state["params"].items()
+                   if self._checkpoint_params.get(k) != v}
+        if changed:
+            raise ValueError(f"Cannot resume exactly from {path}: settings changed since it was written "
+                             f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
+        weights = load_file(path / "model.safetensors", device=str(self.accelerator.device))
+        self.drafter.load_state_dict(weights, strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.stream = SampleStream(len(self.dataset), self.config.seed, **state["stream"])
+        logger.info("Resumed from %s at step %d", path, self.step)
+
+
+def _raise_if_target_params(params: list[nn.Parameter], target: nn.Module) -> None:
+    target_ids = {id(p) for p in target.parameters()}
+    if any(id(p) in target_ids for p in params):
+        raise RuntimeError("Target parameters found among the drafter's trainable parameters: the target must stay "
+                           "frozen (the drafter reads its embedding / LM head through detach()).")
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
