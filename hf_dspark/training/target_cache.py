@@ -195,6 +195,10 @@ def _signatures_match(a: list[float] | None, b: list[float] | None) -> bool:
     return all(abs(x - y) <= _SIGNATURE_RTOL * max(abs(y), 1e-3) for x, y in zip(a, b))
 
 
+def _model_name(name_or_path: str) -> str:
+    return Path(str(name_or_path).rstrip("/\\")).name.lower()
+
+
 def validate_manifest(manifest: dict, drafter_config) -> None:
     """Refuse to train ``drafter_config`` on a cache built for another target or other tapped layers."""
     tcfg = drafter_config.target_config
@@ -207,7 +211,8 @@ def validate_manifest(manifest: dict, drafter_config) -> None:
               ("num_target_layers", manifest.get("num_target_layers"), drafter_config.num_target_layers,
                "use the cache's target")]
     name_cache, name_drafter = manifest.get("target_name_or_path"), drafter_config.target_name_or_path
-    if name_cache and name_drafter:
+    if name_cache and name_drafter and _model_name(name_cache) != _model_name(name_drafter):
+        # compared by last path component: "org/Model" and "/local/copy/Model" are the same target
         checks.append(("target_name_or_path", name_cache, name_drafter, "rebuild the cache with this target"))
     for field_name, cached, wanted, fix in checks:
         if wanted is not None and cached != wanted:

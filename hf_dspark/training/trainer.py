@@ -144,6 +144,22 @@ class _TrainingStep(nn.Module):
         return out.loss, out.stats.to_vector()
 
 
+def make_accelerator(mixed_precision: str = "auto"):
+    """An ``Accelerator``; "auto" = bf16 autocast on GPU, fp32 on CPU (CPU bf16 autocast is slow on most CPUs)."""
+    from accelerate import Accelerator
+
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    return Accelerator(mixed_precision=mixed_precision)
+
+
+def steps_for_epochs(num_epochs: float, num_samples: int, per_device_batch_size: int,
+                     gradient_accumulation_steps: int, num_processes: int = 1) -> int:
+    """Optimizer steps that cover ``num_epochs`` passes over the data."""
+    per_step = per_device_batch_size * gradient_accumulation_steps * num_processes
+    return max(1, math.ceil(num_epochs * num_samples / per_step))
+
+
 class DSparkTrainer:
     """Trains ``drafter`` (bound to its target) on a :class:`TargetCacheDataset`.
 
@@ -151,16 +167,9 @@ class DSparkTrainer:
     """
 
     def __init__(self, drafter, dataset, config: DSparkTrainingConfig, accelerator=None):
-        from accelerate import Accelerator
-
         self.config = config
         self.dataset = dataset
-        if accelerator is None:
-            precision = config.mixed_precision
-            if precision == "auto":
-                precision = "bf16" if torch.cuda.is_available() else "no"
-            accelerator = Accelerator(mixed_precision=precision)
-        self.accelerator = accelerator
+        self.accelerator = accelerator = accelerator or make_accelerator(config.mixed_precision)
         self.output_dir = Path(config.output_dir)
         drafter.target.to(accelerator.device)
         params = [p for p in drafter.parameters() if p.requires_grad]

@@ -145,6 +145,12 @@ def test_manifest_mismatch_is_refused(built_cache):
                                                markov_rank=8)
     with pytest.raises(ValueError, match="embedding weights differ"):
         validate_manifest(manifest, same_shapes.config)
+    named = dict(manifest, target_name_or_path="org/TinyTarget")
+    good.config.target_name_or_path = "/local/copy/TinyTarget/"
+    validate_manifest(named, good.config)  # same model, other location
+    good.config.target_name_or_path = "org/OtherTarget"
+    with pytest.raises(ValueError, match="target_name_or_path"):
+        validate_manifest(named, good.config)
     bad = json.loads((cache_dir / MANIFEST_NAME).read_text())
     bad["format_version"] = 99
     (cache_dir / MANIFEST_NAME).write_text(json.dumps(bad))

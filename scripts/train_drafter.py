@@ -1,0 +1,120 @@
+"""Train a DSpark (or DFlash: --head none) drafter on a target cache built by scripts/build_target_cache.py.
+
+The same command runs on one CPU, one GPU, or many GPUs / nodes (`accelerate launch scripts/train_drafter.py ...`).
+Stops at --steps (or --epochs), or cleanly at --max-minutes with a checkpoint; --resume continues exactly.
+The finished drafter is written to <out>/drafter (fp32; the target's embedding / LM head are never saved).
+
+    python scripts/train_drafter.py --cache cache/smollm2 --out runs/dspark --steps 2000 --max-minutes 600
+    python scripts/train_drafter.py --cache cache/smollm2 --out runs/dspark --steps 2000 --resume
+    accelerate launch --num_processes 8 scripts/train_drafter.py --cache cache/x --out runs/x --epochs 10 \\
+        --batch-size 4 --grad-accum 16 --num-anchors 512 --num-layers 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.training.losses import LossConfig
+from hf_dspark.training.target_cache import TargetCacheDataset, validate_manifest
+from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator, steps_for_epochs
+
+logger = logging.getLogger("train_drafter")
+
+
+def load_target(path: str | None, dtype: torch.dtype = torch.float32):
+    """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
+    if path is None:
+        from hf_dspark import load_default_target
+
+        return load_default_target(dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache", required=True, help="target cache directory")
+    p.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, drafter/")
+    p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
+    model = p.add_argument_group("drafter")
+    model.add_argument("--head", default="markov", choices=["markov", "gated", "rnn", "none"])
+    model.add_argument("--num-layers", type=int, default=1)
+    model.add_argument("--block-size", type=int, default=7)
+    model.add_argument("--markov-rank", type=int, default=128,
+                       help="rank of W1/W2 (128 keeps a SmolLM2 drafter under 40 MB in bf16)")
+    length = p.add_argument_group("length (--steps or --epochs sets the schedule; --max-minutes only stops early)")
+    length.add_argument("--steps", type=int, default=None)
+    length.add_argument("--epochs", type=float, default=None)
+    length.add_argument("--max-minutes", type=float, default=None)
+    opt = p.add_argument_group("optimisation")
+    opt.add_argument("--batch-size", type=int, default=1, help="sequences per device per micro-batch")
+    opt.add_argument("--grad-accum", type=int, default=8)
+    opt.add_argument("--lr", type=float, default=6e-4)
+    opt.add_argument("--warmup-ratio", type=float, default=0.04)
+    opt.add_argument("--max-grad-norm", type=float, default=1.0)
+    opt.add_argument("--num-anchors", type=int, default=64, help="blocks per sequence (published: 512, on GPUs)")
+    opt.add_argument("--decay", type=float, default=4.0, help="slot weight w_k = exp(-k / decay)")
+    opt.add_argument("--ce-weight", type=float, default=None, help="default 0.1 (DFlash: 1.0)")
+    opt.add_argument("--l1-weight", type=float, default=None, help="default 0.9 (DFlash: 0)")
+    opt.add_argument("--confidence-weight", type=float, default=None, help="default 1.0 (DFlash: 0)")
+    opt.add_argument("--chunk-blocks", type=int, default=256, help="blocks whose full-vocab logits exist at once")
+    opt.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
+    run = p.add_argument_group("run")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--save-steps", type=int, default=500)
+    run.add_argument("--save-total-limit", type=int, default=2)
+    run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    run.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if (args.steps is None) == (args.epochs is None):
+        p.error("give exactly one of --steps or --epochs (the LR schedule needs a length; --max-minutes only "
+                "stops early)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    accelerator = make_accelerator(args.mixed_precision)
+    dataset = TargetCacheDataset(args.cache)
+    target, _ = load_target(args.target)
+    torch.manual_seed(args.seed)  # the drafter's initialisation
+    drafter = DSparkDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
+                                           head=args.head, markov_rank=args.markov_rank,
+                                           target_layer_ids=dataset.manifest["target_layer_ids"])
+    validate_manifest(dataset.manifest, drafter.config)
+    overrides = {k: v for k, v in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight),
+                                   ("confidence_weight", args.confidence_weight)) if v is not None}
+    loss = LossConfig.for_head(args.head, decay=args.decay, chunk_blocks=args.chunk_blocks, **overrides)
+    steps = args.steps or steps_for_epochs(args.epochs, len(dataset), args.batch_size, args.grad_accum,
+                                           accelerator.num_processes)
+    config = DSparkTrainingConfig(
+        output_dir=args.out, max_steps=steps, max_minutes=args.max_minutes, per_device_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, warmup_ratio=args.warmup_ratio,
+        max_grad_norm=args.max_grad_norm, num_anchors=args.num_anchors, loss=loss, seed=args.seed,
+        save_steps=args.save_steps, save_total_limit=args.save_total_limit, mixed_precision=args.mixed_precision,
+        progress=not args.no_progress)
+    num_params = sum(p.numel() for p in drafter.parameters())
+    logger.info("Drafter: %s head, %d layer(s), block %d, %.1fM trainable parameters; %d samples, %d steps",
+                args.head, args.num_layers, args.block_size, num_params / 1e6, len(dataset), steps)
+    trainer = DSparkTrainer(drafter, dataset, config, accelerator=accelerator)
+    last = trainer.train(resume=args.resume)
+    if last:
+        logger.info("Stopped at step %d/%d: loss %.4f, tau_probabilistic %.3f", trainer.step, steps, last["loss"],
+                    last["tau_probabilistic"])
+    if trainer.step >= steps:
+        logger.info("Drafter written to %s", Path(args.out) / "drafter")
+
+
+if __name__ == "__main__":
+    main()
