@@ -17,6 +17,8 @@ import torch
 
 from hf_dspark.training.target_cache import MIN_LOSS_TOKENS, STORAGE_DTYPES, build_target_cache, read_jsonl
 
+logger = logging.getLogger("build_target_cache")
+
 
 def load_target(path: str | None, dtype: torch.dtype = torch.float32):
     """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
@@ -58,7 +60,7 @@ def main() -> None:
     manifest = build_target_cache(target, tokenizer, records, args.out, layer_ids=args.layers,
                                   max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                                   min_loss_tokens=args.min_loss_tokens, shard_size_mb=args.shard_size_mb)
-    logging.info("Cache %s: %d samples, %d tokens (%d loss tokens), layers %s", args.out, manifest["num_samples"],
+    logger.info("Cache %s: %d samples, %d tokens (%d loss tokens), layers %s", args.out, manifest["num_samples"],
                  manifest["num_tokens"], manifest["num_loss_tokens"], manifest["target_layer_ids"])
 
 

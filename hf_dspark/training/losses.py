@@ -40,7 +40,7 @@ class LossConfig:
     chunk_blocks: int = 256
 
     @classmethod
-    def for_head(cls, head: str, **overrides) -> "LossConfig":
+    def for_head(cls, head: str, **overrides) -> LossConfig:
         """DSpark's three-term loss, or CE only for a DFlash drafter (``head="none"``)."""
         if head == "none":
             overrides = {"ce_weight": 1.0, "l1_weight": 0.0, "confidence_weight": 0.0, **overrides}
@@ -140,10 +140,10 @@ class LossStats:
     conf_bias_sum: torch.Tensor  # Σ (c − c*)
 
     @classmethod
-    def zeros(cls, block_size: int, device=None) -> "LossStats":
+    def zeros(cls, block_size: int, device=None) -> LossStats:
         return cls.from_vector(torch.zeros(len(fields(cls)) + 2 * (block_size - 1), device=device), block_size)
 
-    def __add__(self, other: "LossStats") -> "LossStats":
+    def __add__(self, other: LossStats) -> LossStats:
         return LossStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def to_vector(self) -> torch.Tensor:
@@ -151,7 +151,7 @@ class LossStats:
         return torch.cat([getattr(self, f.name).reshape(-1).float() for f in fields(self)])
 
     @classmethod
-    def from_vector(cls, vec: torch.Tensor, block_size: int) -> "LossStats":
+    def from_vector(cls, vec: torch.Tensor, block_size: int) -> LossStats:
         per_slot = [f.name in _PER_SLOT_FIELDS for f in fields(cls)]
         parts = vec.split([block_size if slot else 1 for slot in per_slot])
         return cls(*(p if slot else p.reshape(()) for p, slot in zip(parts, per_slot)))

@@ -20,6 +20,7 @@ temporary name and renamed, then the manifest is rewritten atomically; a crash l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -374,7 +375,7 @@ class TargetCacheDataset(Dataset):
             with safe_open(self.cache_dir / shard["file"], framework="pt") as f:
                 offsets = f.get_tensor("offsets").tolist()
                 self.ids.extend(json.loads(f.metadata()["ids"]))
-            self._index.extend((shard_no, a, b) for a, b in zip(offsets[:-1], offsets[1:]))
+            self._index.extend((shard_no, a, b) for a, b in itertools.pairwise(offsets))
         self._handles: dict[int, object] = {}
 
     def __len__(self) -> int:

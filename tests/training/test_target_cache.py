@@ -3,6 +3,8 @@ import pickle
 
 import pytest
 import torch
+from chat_data import make_chat_records, make_chat_tokenizer, single_thread  # noqa: F401
+from conftest import make_tiny_llama, make_tiny_qwen3
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.training.target_cache import (
@@ -14,9 +16,6 @@ from hf_dspark.training.target_cache import (
     tokenize_conversation,
     validate_manifest,
 )
-
-from chat_data import make_chat_records, make_chat_tokenizer, single_thread  # noqa: F401
-from conftest import make_tiny_llama, make_tiny_qwen3
 
 LAYERS = [1, 2]
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -106,7 +105,7 @@ def test_cache_round_trip_matches_the_target(built_cache, chat_tokenizer):
 def test_cache_resume_appends_only_new_samples(tmp_path, chat_tokenizer):
     target = make_tiny_llama(num_layers=4)
     records = make_chat_records(10)
-    kwargs = dict(layer_ids=LAYERS, max_length=64, batch_size=3, progress=False, shard_size_mb=1)
+    kwargs = {"layer_ids": LAYERS, "max_length": 64, "batch_size": 3, "progress": False, "shard_size_mb": 1}
     first = build_target_cache(target, chat_tokenizer, records[:6], tmp_path, **kwargs)
     assert first["num_samples"] == 6 and first["dtype"] == "bfloat16"
     second = build_target_cache(target, chat_tokenizer, records, tmp_path, **kwargs)

@@ -40,9 +40,9 @@ def _trainer(target, cache, out, head="markov", **overrides) -> DSparkTrainer:
     drafter = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, head=head, markov_rank=16,
                                            target_layer_ids=LAYERS)
     validate_manifest(load_manifest(cache.cache_dir), drafter.config)
-    settings = dict(output_dir=str(out), max_steps=20, per_device_batch_size=2, gradient_accumulation_steps=2,
-                    learning_rate=3e-3, num_anchors=8, save_steps=5, progress=False, mixed_precision="no",
-                    loss=LossConfig.for_head(head))
+    settings = {"output_dir": str(out), "max_steps": 20, "per_device_batch_size": 2,
+                "gradient_accumulation_steps": 2, "learning_rate": 3e-3, "num_anchors": 8, "save_steps": 5,
+                "progress": False, "mixed_precision": "no", "loss": LossConfig.for_head(head)}
     settings.update(overrides)
     return DSparkTrainer(drafter, cache, DSparkTrainingConfig(**settings))
 
@@ -61,7 +61,7 @@ def full_run(tmp_path_factory, target, cache):
 
 
 def test_training_reduces_the_loss_and_writes_everything(full_run, target):
-    out, trainer, target_before = full_run
+    out, _, target_before = full_run
     losses = _losses(out)
     assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
@@ -138,6 +138,6 @@ def test_sample_stream_is_a_resumable_sequence_of_permutations():
     first = stream.take(7)  # one whole epoch, then 2 of the next
     assert sorted(first[:5]) == list(range(5)) and stream.state_dict() == {"epoch": 1, "offset": 2}
     rest = stream.take(6)
-    again = SampleStream(5, seed=3, **{"epoch": 1, "offset": 2})
+    again = SampleStream(5, seed=3, epoch=1, offset=2)
     assert again.take(6) == rest
     assert SampleStream(5, seed=4).take(5) != first[:5] or SampleStream(5, seed=5).take(5) != first[:5]
