@@ -56,7 +56,7 @@ class TensorInfo:
 
 def _resolve_dir(name_or_path, **kwargs) -> Path:
     """A local directory as is; otherwise a Hub id through the HF cache (cache only when offline)."""
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
     if path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists():
@@ -95,8 +95,10 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        begin, end = meta["data_offsets"]
-        shape = tuple(int(x) for x in meta["shape"])
+        try:
+            (begin, end), shape = meta["data_offsets"], tuple(int(x) for x in meta["shape"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{file} is corrupt: the header entry of tensor {name!r} is malformed.") from err
         if end > data_bytes:
             raise CheckpointError(f"{file} is truncated: tensor {name!r} needs bytes {begin}..{end} of the data "
                                   f"section but the file holds only {data_bytes}. Re-download or re-save it.")
@@ -147,14 +149,22 @@ def _read_sharded(path: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def _load_tensor(name: str, info: TensorInfo) -> torch.Tensor:
+def _load_tensors(mapping: dict[str, str], tensors: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
+    """our name -> tensor, reading each file once."""
     from safetensors import safe_open
 
-    try:
-        with safe_open(str(info.file), framework="pt") as handle:
-            return handle.get_tensor(name)
-    except Exception as err:  # safetensors raises its own error type
-        raise CheckpointError(f"Could not read tensor {name!r} from {info.file}: {err}") from err
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for ours, stored in mapping.items():
+        by_file.setdefault(tensors[stored].file, []).append((ours, stored))
+    state = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as handle:
+            for ours, stored in names:
+                try:
+                    state[ours] = handle.get_tensor(stored)
+                except Exception as err:  # safetensors raises its own error type
+                    raise CheckpointError(f"Could not read tensor {stored!r} from {file}: {err}") from err
+    return state
 
 
 def _load_rows(name: str, info: TensorInfo, rows: list[int]) -> torch.Tensor:
@@ -308,6 +318,8 @@ def _qwen_style_config(raw: dict, target) -> DSparkConfig:
     if num_target_layers is None:
         raise CheckpointError("config.json has no 'num_target_layers'; pass target=... so the target's layer count "
                               "is known.")
+    if "num_hidden_layers" not in raw:
+        raise CheckpointError("config.json has no 'num_hidden_layers' (the number of draft layers).")
     num_draft_layers = int(raw["num_hidden_layers"])
     layer_ids = _method_field(raw, "target_layer_ids", None)
     if layer_ids is None:
@@ -331,11 +343,14 @@ def _drop_target_tensors(name: str) -> str | None:
     return None if name in _TARGET_TENSORS else name
 
 
-_DEEPSPEC_ARCHITECTURES = {"Qwen3DSparkModel", "Gemma4DSparkModel"}
+def _is_deepspec(raw: dict) -> bool:
+    """DeepSpec names its drafters <Family>DSparkModel (Qwen3DSparkModel, Gemma4DSparkModel; Qwen2 forks too)."""
+    return any(str(arch).endswith("DSparkModel") for arch in raw.get("architectures") or ())
+
 
 register_dialect(Dialect(
     name="deepspec",
-    matches=lambda raw: bool(_DEEPSPEC_ARCHITECTURES & set(raw.get("architectures") or ())),
+    matches=_is_deepspec,
     build_config=_qwen_style_config,
     rename=_drop_target_tensors,
 ))
@@ -491,12 +506,12 @@ def _map_tensors(dialect: Dialect, tensors: dict[str, TensorInfo], expected: dic
     return mapping
 
 
-def _signature_from_checkpoint(tensors: dict[str, TensorInfo]) -> list[float] | None:
+def _signature_from_checkpoint(tensors: dict[str, TensorInfo], vocab_size: int | None) -> list[float] | None:
     """The target-embedding signature (see ``embedding_signature``) from a stored copy of the embedding."""
     from .modeling import _SIGNATURE_ROWS
 
     info = tensors.get("embed_tokens.weight")
-    if info is None or len(info.shape) != 2:
+    if info is None or len(info.shape) != 2 or info.shape[0] != vocab_size:
         return None
     rows = torch.linspace(0, info.shape[0] - 1, _SIGNATURE_ROWS).long().tolist()
     weight = _load_rows("embed_tokens.weight", info, rows)
@@ -525,11 +540,10 @@ def _load_native(cls, path: Path, *args, **kwargs):
 
 def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype):
     """Fill the empty drafter by assignment from the mapped tensors (no random initialisation anywhere)."""
-    signature = _signature_from_checkpoint(tensors)
+    signature = _signature_from_checkpoint(tensors, model.config.target_config.get("vocab_size"))
     if signature is not None:
         model.config.target_embedding_signature = signature
-    state = {ours: _load_tensor(stored, tensors[stored]) for ours, stored in mapping.items()}
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(_load_tensors(mapping, tensors), strict=True, assign=True)
     if dtype is not None and dtype != "auto":
         model = model.to(dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     model.config._name_or_path = str(path)
