@@ -15,7 +15,7 @@ a training run (and its resume) is reproducible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -38,6 +38,9 @@ class BlockTargets:
     @property
     def num_supervised(self) -> int:
         return int(self.eval_mask.sum())
+
+    def to(self, device) -> BlockTargets:
+        return BlockTargets(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:

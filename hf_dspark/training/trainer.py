@@ -8,7 +8,9 @@ Reproducibility is by construction, so a resumed run repeats an uninterrupted on
 
 * data order: one global stream of samples, epoch e shuffled by ``randperm`` seeded with ``seed + e``; a step
   takes the next ``batch × accumulation × world`` samples, so the state is just (epoch, offset);
-* anchors: each micro-batch's generator is seeded from (seed, step, micro-batch, rank), not from a running RNG;
+* anchors: each micro-batch's generator is seeded from (seed, step, global micro-batch), not from a running RNG;
+* the loss is normalised over the whole step, so 1 process × 8 accumulation steps and 8 processes × 1 give the
+  same update (up to float summation order);
 * checkpoints hold drafter weights, optimizer, scheduler, step and stream position.
 """
 
@@ -30,7 +32,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from .anchors import make_block_targets, sample_anchors
+from .anchors import BlockTargets, make_block_targets, sample_anchors
 from .losses import LossConfig, LossStats, compute_block_hidden, compute_loss, slot_weights
 from .target_cache import collate_target_batch
 
@@ -96,9 +98,9 @@ def lr_factor(step: int, num_warmup: int, num_total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def anchor_generator(seed: int, step: int, micro: int, rank: int) -> torch.Generator:
+def anchor_generator(seed: int, step: int, global_micro: int) -> torch.Generator:
     """A generator that depends only on where we are in training (stateless, so resume is exact)."""
-    state = np.random.SeedSequence([seed, step, micro, rank]).generate_state(2, dtype=np.uint32)
+    state = np.random.SeedSequence([seed, step, global_micro]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
@@ -148,9 +150,11 @@ def make_accelerator(mixed_precision: str = "auto"):
     """An ``Accelerator``; "auto" = bf16 autocast on GPU, fp32 on CPU (CPU bf16 autocast is slow on most CPUs)."""
     from accelerate import Accelerator
 
+    use_cuda = torch.cuda.is_available()
     if mixed_precision == "auto":
-        mixed_precision = "bf16" if torch.cuda.is_available() else "no"
-    return Accelerator(mixed_precision=mixed_precision)
+        mixed_precision = "bf16" if use_cuda else "no"
+    # cpu=True without CUDA: accelerate only sets up multi-process CPU (gloo) training under torchrun when asked
+    return Accelerator(mixed_precision=mixed_precision, cpu=not use_cuda)
 
 
 def steps_for_epochs(num_epochs: float, num_samples: int, per_device_batch_size: int,
@@ -197,38 +201,43 @@ class DSparkTrainer:
     # -------------------------------------------------------------------------------------------------------
     # One optimizer step
     # -------------------------------------------------------------------------------------------------------
-    def _micro_batch(self, indices: list[int], micro: int) -> tuple[dict, object]:
-        device = self.accelerator.device
-        batch = {k: v.to(device) for k, v in collate_target_batch([self.dataset[i] for i in indices]).items()}
+    def _micro_batch(self, indices: list[int], global_micro: int) -> tuple[dict, BlockTargets]:
+        """Collated samples and their block targets, on the CPU (moved to the device one micro-batch at a time)."""
+        batch = collate_target_batch([self.dataset[i] for i in indices])
         cfg = self.drafter.config
-        gen = anchor_generator(self.config.seed, self.step, micro, self.accelerator.process_index)
-        positions, keep = sample_anchors(batch["loss_mask"].cpu(), self.config.num_anchors, generator=gen)
-        targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions.to(device), keep.to(device),
-                                     cfg.block_size, cfg.mask_token_id)
+        gen = anchor_generator(self.config.seed, self.step, global_micro)
+        positions, keep = sample_anchors(batch["loss_mask"], self.config.num_anchors, generator=gen)
+        targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions, keep, cfg.block_size,
+                                     cfg.mask_token_id)
         return batch, targets
 
-    def _denominator(self, targets) -> torch.Tensor:
-        """Σ w over all ranks / world size: DDP's gradient mean then gives Σ_global w·l / Σ_global w."""
-        local = slot_weights(targets.eval_mask, self.config.loss.decay).sum()
-        if self.accelerator.num_processes == 1:
-            return local.clamp(min=1e-12)
-        return (self.accelerator.reduce(local, reduction="sum") / self.accelerator.num_processes).clamp(min=1e-12)
-
     def training_step(self) -> tuple[LossStats, dict]:
-        """Accumulate gradients over the step's micro-batches, clip, update. Returns (stats, step info)."""
+        """Accumulate gradients over the step's micro-batches, clip, update. Returns (stats, step info).
+
+        Global micro-batch g = micro · world + rank takes samples [g·B, (g+1)·B) of the step and seeds its anchors
+        with g, so a step sees the same blocks however it is split over processes and accumulation. Each loss
+        term is normalised by Σ w over the whole step (all micro-batches, all ranks): micro-batch losses are
+        Σ w·l / (Σ_step w / world), which DDP's gradient mean turns into exactly Σ_step w·l / Σ_step w.
+        """
         c, acc = self.config, self.accelerator
-        world, per = acc.num_processes, c.per_device_batch_size
+        world, per, device = acc.num_processes, c.per_device_batch_size, acc.device
         indices = self.stream.take(per * world * c.gradient_accumulation_steps)
-        stats_vec, num_tokens = None, 0
+        micro_batches = []
         for micro in range(c.gradient_accumulation_steps):
-            start = (micro * world + acc.process_index) * per
-            batch, targets = self._micro_batch(indices[start:start + per], micro)
+            g = micro * world + acc.process_index
+            micro_batches.append(self._micro_batch(indices[g * per:(g + 1) * per], g))
+        weight_sum = sum(slot_weights(t.eval_mask, c.loss.decay).sum() for _, t in micro_batches).to(device)
+        if world > 1:
+            weight_sum = acc.reduce(weight_sum, reduction="sum")
+        denominator = weight_sum.clamp(min=1e-12) / world
+        stats_vec, num_tokens = None, 0
+        for micro, (batch, targets) in enumerate(micro_batches):
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             num_tokens += int(batch["attention_mask"].sum())
             last = micro == c.gradient_accumulation_steps - 1
-            sync = contextlib.nullcontext() if last else acc.no_sync(self.model)
-            with sync:
-                loss, vec = self.model(batch, targets, self._denominator(targets))
-                acc.backward(loss / c.gradient_accumulation_steps)
+            with contextlib.nullcontext() if last else acc.no_sync(self.model):
+                loss, vec = self.model(batch, targets.to(device), denominator)
+                acc.backward(loss)
             stats_vec = vec if stats_vec is None else stats_vec + vec
         grad_norm = acc.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -360,7 +369,7 @@ class DSparkTrainer:
         if changed:
             raise ValueError(f"Cannot resume exactly from {path}: settings changed since it was written "
                              f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
-        weights = load_file(path / "model.safetensors", device=str(self.accelerator.device))
+        weights = load_file(path / "model.safetensors")  # load_state_dict copies onto the device
         self.drafter.load_state_dict(weights, strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -1,10 +1,12 @@
 import json
 import math
+import os
 
 import pytest
 import torch
 from chat_data import make_chat_records, make_chat_tokenizer, single_thread  # noqa: F401
 from conftest import make_tiny_llama
+from safetensors.torch import load_file
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.training.losses import LossConfig
@@ -141,3 +143,47 @@ def test_sample_stream_is_a_resumable_sequence_of_permutations():
     again = SampleStream(5, seed=3, epoch=1, offset=2)
     assert again.take(6) == rest
     assert SampleStream(5, seed=4).take(5) != first[:5] or SampleStream(5, seed=5).take(5) != first[:5]
+
+
+_DDP_RUNNER = """
+import sys
+import torch
+sys.path[:0] = [{tests!r}, {training_tests!r}]
+from conftest import make_tiny_llama
+from hf_dspark import DSparkDraftModel
+from hf_dspark.training.losses import LossConfig
+from hf_dspark.training.target_cache import TargetCacheDataset
+from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig
+torch.set_num_threads(1)
+torch.manual_seed(0)
+drafter = DSparkDraftModel.from_target(make_tiny_llama(num_layers=4), num_layers=1, block_size=4, markov_rank=16,
+                                       target_layer_ids={layers!r})
+config = DSparkTrainingConfig(output_dir=sys.argv[2], max_steps=4, per_device_batch_size=1,
+                              gradient_accumulation_steps=int(sys.argv[3]), learning_rate=3e-3, num_anchors=8,
+                              progress=False, mixed_precision="no", loss=LossConfig(chunk_blocks=4))
+DSparkTrainer(drafter, TargetCacheDataset(sys.argv[1]), config).train()
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_twice_the_accumulation(tmp_path, cache):
+    # the same global batch split as 2 ranks × 2 micro-batches or 1 rank × 4 gives the same update
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    runner = tmp_path / "runner.py"
+    runner.write_text(_DDP_RUNNER.format(tests=str(here.parent), training_tests=str(here), layers=LAYERS))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    for name, cmd in (("ddp", [str(torchrun), "--nproc_per_node", "2", str(runner)]),
+                      ("single", [sys.executable, str(runner)])):
+        accum = "2" if name == "ddp" else "4"
+        subprocess.run([*cmd, str(cache.cache_dir), str(tmp_path / name), accum], check=True, timeout=300,
+                       capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ddp, single = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
+    assert len(ddp) == len(single) == 4
+    assert ddp == pytest.approx(single, rel=1e-5)
+    a = load_file(tmp_path / "ddp" / FINAL_DIR / "model.safetensors")
+    b = load_file(tmp_path / "single" / FINAL_DIR / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
