@@ -10,7 +10,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)  # tiny models gain nothing from threads; oversubscription on 2 shared cores is very slow
 
 TINY_VOCAB = 96
 
