@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save-steps", type=int, default=500)
     run.add_argument("--save-total-limit", type=int, default=2)
-    run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (start fresh if none)")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     run.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

@@ -256,12 +256,16 @@ class DSparkTrainer:
     def train(self, resume: bool = False, stop_at_step: int | None = None) -> dict:
         """Train to ``max_steps`` (or ``stop_at_step``, or the time budget); returns the last logged metrics.
 
-        ``resume``: continue from the newest checkpoint in ``output_dir``. Every stop writes a checkpoint.
+        ``resume``: continue from the newest checkpoint in ``output_dir`` (if there is none, start from scratch, so
+        one command can be rerun until done). Every stop writes a checkpoint.
         """
         c, acc = self.config, self.accelerator
-        if resume:
-            self.load_checkpoint(self.latest_checkpoint())
-        elif self.latest_checkpoint(must_exist=False) is not None:
+        checkpoint = self.latest_checkpoint(must_exist=False)
+        if resume and checkpoint is not None:
+            self.load_checkpoint(checkpoint)
+        elif resume:
+            logger.info("No checkpoint in %s: starting from scratch.", self.output_dir)
+        elif checkpoint is not None:
             raise ValueError(f"{self.output_dir} already holds checkpoints: resume from them (--resume) or use a "
                              "new output directory.")
         end = min(c.max_steps, stop_at_step or c.max_steps)

@@ -110,11 +110,14 @@ def test_dflash_trains_with_ce_only(tmp_path, target, cache):
     assert trainer.drafter.markov_head is None and trainer.drafter.confidence_head is None
 
 
-def test_time_budget_stops_with_a_checkpoint(tmp_path, target, cache):
-    trainer = _trainer(target, cache, tmp_path, max_minutes=0.0)
-    trainer.train()
+def test_time_budget_stops_with_a_checkpoint_and_the_same_command_finishes(tmp_path, target, cache):
+    trainer = _trainer(target, cache, tmp_path, max_steps=3, max_minutes=0.0)
+    trainer.train(resume=True)  # nothing to resume yet: starts from scratch
     assert trainer.step == 1 and (tmp_path / "checkpoint-0000001").is_dir()
     assert not (tmp_path / FINAL_DIR).exists()  # not finished: only the checkpoint
+    again = _trainer(target, cache, tmp_path, max_steps=3)
+    again.train(resume=True)
+    assert again.step == 3 and (tmp_path / FINAL_DIR / "config.json").is_file()
 
 
 def test_existing_checkpoints_need_resume_and_same_settings(tmp_path, target, cache):
