@@ -186,17 +186,18 @@ class DSparkTrainer:
             self.optimizer, lambda s: lr_factor(s, config.num_warmup_steps, config.max_steps))
         self.step = 0
         self.stream = SampleStream(len(dataset), config.seed)
-        self._checkpoint_params = self._save_params()
+        self._resume_params = self._exact_resume_params()
 
     @property
     def drafter(self):
         return self.accelerator.unwrap_model(self.model).drafter
 
-    def _save_params(self) -> dict:
+    def _exact_resume_params(self) -> dict:
+        """What must not change for a resume to be exact (processes × accumulation may be re-split freely)."""
         c = self.config
         return {"num_samples": len(self.dataset), "seed": c.seed, "per_device_batch_size": c.per_device_batch_size,
-                "gradient_accumulation_steps": c.gradient_accumulation_steps, "max_steps": c.max_steps,
-                "num_processes": self.accelerator.num_processes}
+                "micro_batches_per_step": c.gradient_accumulation_steps * self.accelerator.num_processes,
+                "max_steps": c.max_steps, "num_anchors": c.num_anchors}
 
     # -------------------------------------------------------------------------------------------------------
     # One optimizer step
@@ -346,7 +347,7 @@ class DSparkTrainer:
             self.drafter.save_pretrained(tmp)
             torch.save({"step": self.step, "stream": self.stream.state_dict(),
                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                        "params": self._checkpoint_params, "config": _jsonable(asdict(self.config)),
+                        "params": self._resume_params, "config": _jsonable(asdict(self.config)),
                         "torch_rng": torch.get_rng_state()}, tmp / STATE_NAME)
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
@@ -368,8 +369,8 @@ class DSparkTrainer:
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         path = Path(path)
         state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=False)
-        changed = {k: (v, self._checkpoint_params.get(k)) for k, v in state["params"].items()
-                   if self._checkpoint_params.get(k) != v}
+        changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
+                   if self._resume_params.get(k) != v}
         if changed:
             raise ValueError(f"Cannot resume exactly from {path}: settings changed since it was written "
                              f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
