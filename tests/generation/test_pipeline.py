@@ -1,0 +1,68 @@
+"""pipeline("text-generation", assistant_model=draft) and streamers give exactly what plain generate gives."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, make_tiny_llama
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
+
+from hf_dspark import DSparkDraftModel
+
+
+def make_word_tokenizer(vocab_size: int = TINY_VOCAB) -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_tiny_llama(seed=0)
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    return target, draft, make_word_tokenizer()
+
+
+PROMPTS = ["w5 w17 w33 w8", "w40 w41 w90 w3 w77 w12", "w60"]
+
+
+def test_pipeline_text_equals_plain(setup):
+    target, draft, tok = setup
+    plain = pipeline("text-generation", model=target, tokenizer=tok)
+    ours = pipeline("text-generation", model=target, tokenizer=tok, assistant_model=draft)
+    for prompt in PROMPTS:
+        expected = plain(prompt, max_new_tokens=16, do_sample=False)[0]["generated_text"]
+        draft.stats = None
+        got = ours(prompt, max_new_tokens=16, do_sample=False)[0]["generated_text"]
+        assert got == expected
+        assert draft.stats is not None and draft.stats.rounds > 0  # the speculative path really ran
+
+
+def test_pipeline_batch_size_above_one(setup):
+    target, draft, tok = setup
+    tok.padding_side = "left"
+    plain = pipeline("text-generation", model=target, tokenizer=tok)
+    ours = pipeline("text-generation", model=target, tokenizer=tok, assistant_model=draft)
+    expected = [plain(p, max_new_tokens=12, do_sample=False)[0]["generated_text"] for p in PROMPTS]
+    got = ours(PROMPTS, max_new_tokens=12, do_sample=False, batch_size=3)
+    assert [g[0]["generated_text"] for g in got] == expected
+
+
+def test_iterator_streamer_streams_the_generated_text(setup):
+    target, draft, tok = setup
+    ids = tok(PROMPTS[1], return_tensors="pt")
+    expected = target.generate(**ids, max_new_tokens=20, do_sample=False)
+    streamer = TextIteratorStreamer(tok, skip_prompt=True)
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", target.generate(
+        **ids, max_new_tokens=20, do_sample=False, assistant_model=draft, streamer=streamer)))
+    thread.start()
+    text = "".join(streamer)
+    thread.join()
+    assert torch.equal(result["out"], expected)
+    assert text.strip() == tok.decode(expected[0, ids["input_ids"].shape[1]:]).strip()

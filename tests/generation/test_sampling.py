@@ -1,0 +1,67 @@
+"""Sampling is lossless: the distribution of the first generated tokens with and without the drafter agrees
+(per-position two-sample χ²), and the same test catches a deliberately wrong q."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from scipy.stats import chi2_contingency
+
+import hf_dspark.generation.generate as generate_module
+from hf_dspark import DSparkDraftModel
+
+VOCAB = 16
+NUM_NEW = 3
+ROWS, CALLS = 500, 4
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_tiny_llama(seed=11, vocab_size=VOCAB)
+    torch.manual_seed(12)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    prompt = torch.tensor([[5, 9, 3, 12, 7, 4]])
+    return target, draft, prompt
+
+
+def sample_tokens(target, prompt, seed, **kwargs) -> torch.Tensor:
+    torch.manual_seed(seed)
+    batches = [target.generate(prompt.expand(ROWS, -1), do_sample=True, temperature=0.9, top_k=10,
+                               max_new_tokens=NUM_NEW, pad_token_id=0, **kwargs)[:, prompt.shape[1]:]
+               for _ in range(CALLS)]
+    out = torch.cat(batches)
+    return torch.nn.functional.pad(out, (0, NUM_NEW - out.shape[1]), value=0)
+
+
+def per_position_pvalues(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    pvalues = []
+    for pos in range(NUM_NEW):
+        counts = torch.stack([torch.bincount(a[:, pos], minlength=VOCAB), torch.bincount(b[:, pos], minlength=VOCAB)])
+        counts = counts[:, counts.sum(0) > 0]
+        pvalues.append(float(chi2_contingency(counts.numpy())[1]))
+    return pvalues
+
+
+def test_sampling_preserves_target_distribution(setup):
+    target, draft, prompt = setup
+    plain = sample_tokens(target, prompt, seed=0)
+    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    assert draft.stats.accepted_tokens > 0 and draft.stats.accepted_tokens < draft.stats.proposed_tokens
+    pvalues = per_position_pvalues(plain, ours)
+    assert min(pvalues) > 1e-3, pvalues
+
+
+def test_chi2_catches_a_wrong_q(setup, monkeypatch):
+    """Negative control: verifying with a q the drafts were NOT sampled from (uniform) must be detected."""
+    target, draft, prompt = setup
+    real_verify = generate_module.verify
+
+    def verify_with_wrong_q(drafts, num_drafts, target_logits, draft_probs, **kwargs):
+        wrong = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
+        return real_verify(drafts, num_drafts, target_logits, wrong, **kwargs)
+
+    monkeypatch.setattr(generate_module, "verify", verify_with_wrong_q)
+    plain = sample_tokens(target, prompt, seed=0)
+    wrong = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    assert min(per_position_pvalues(plain, wrong)) < 1e-6
