@@ -17,7 +17,6 @@ shared by all rows are cropped); finished rows leave the batch so they stop cost
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import fields
@@ -30,14 +29,10 @@ from ..metrics import DSparkStats
 from ..modeling.modeling import DraftCache
 from ..modeling.target_taps import TargetFeatureTap
 from .processing import RowLogitsProcessor
+from .ragged_batch import cache_kwarg, crop_trailing_holes
 from .verification import verify
 
 logger = logging.getLogger(__name__)
-
-
-def _cache_kwarg(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _raise_if_unsupported(model, generation_config, cache) -> None:
@@ -111,7 +106,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     if drafter is None:
         raise ValueError("dspark_decode needs dspark_drafter= (use target.generate(..., assistant_model=draft)).")
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
-    cache_name = _cache_kwarg(model)
+    cache_name = cache_kwarg(model)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     _raise_if_unsupported(model, generation_config, cache)
     cache = cache if cache is not None else DynamicCache(config=model.config)
@@ -212,10 +207,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                     cache.batch_select_indices(keep_idx)
                     draft_cache = draft_cache.select_rows(keep_idx)
             if len(active):
-                trailing = int((mask.flip(1).cumsum(1) == 0).sum(1).min())
-                if trailing:
-                    cache.crop(-trailing)
-                    mask = mask[:, :-trailing]
+                mask = crop_trailing_holes(cache, mask)
 
     if dspark_streamer is not None:
         dspark_streamer.end()
