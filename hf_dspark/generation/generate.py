@@ -100,8 +100,12 @@ def _sample_or_argmax(logits: torch.Tensor, do_sample: bool, generator) -> torch
 
 def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
                   generation_config=None, dspark_drafter=None, dspark_streamer=None, dspark_generator=None,
-                  tokenizer=None, **model_kwargs):
-    """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size."""
+                  dspark_recorder=None, tokenizer=None, **model_kwargs):
+    """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
+
+    ``dspark_recorder`` (optional, e.g. ``evaluation.recorder.RoundRecorder``) gets
+    ``observe_round(num_proposed [B], num_accepted [B], num_committed [B], confidence_logits [B, γ] | None)``
+    after every verification round: the raw per-round data calibration and evaluation need."""
     drafter = dspark_drafter
     if drafter is None:
         raise ValueError("dspark_decode needs dspark_drafter= (use target.generate(..., assistant_model=draft)).")
@@ -191,6 +195,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                        target_logits[i, :n] if want_scores else None, raw[i, :n] if want_logits else None)
                 streamed = tokens[: int(committed[i])]
             stats.observe_round(num_drafts, result.num_accepted, committed)
+            if dspark_recorder is not None:
+                dspark_recorder.observe_round(num_drafts, result.num_accepted, committed, block.confidence_logits)
             if dspark_streamer is not None and streamed:
                 dspark_streamer.put(torch.tensor(streamed))
             # target KV of anchor + accepted drafts stays valid; the rest of this round's slots become holes

@@ -30,8 +30,10 @@ def enable(target) -> None:
     original = target.generate
 
     @functools.wraps(original)
-    def generate(*args, assistant_model=None, streamer=None, generator=None, **kwargs):
+    def generate(*args, assistant_model=None, streamer=None, generator=None, dspark_recorder=None, **kwargs):
         if not is_dspark_drafter(assistant_model):
+            if dspark_recorder is not None:
+                raise ValueError("dspark_recorder= records speculative rounds; it needs a DSpark assistant_model.")
             extra = {"generator": generator} if generator is not None else {}
             return original(*args, assistant_model=assistant_model, streamer=streamer, **extra, **kwargs)
         if kwargs.get("custom_generate") is not None:
@@ -39,7 +41,8 @@ def enable(target) -> None:
         # Streamer and generator travel under our own names: transformers drops a custom_generate callable's
         # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
         return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
-                        dspark_streamer=streamer, dspark_generator=generator, **kwargs)
+                        dspark_streamer=streamer, dspark_generator=generator, dspark_recorder=dspark_recorder,
+                        **kwargs)
 
     target.__dict__[_MARKER] = original
     target.generate = generate
