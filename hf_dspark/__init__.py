@@ -4,7 +4,7 @@ __version__ = "0.1.0.dev0"
 
 from transformers import AutoConfig, AutoModel
 
-from .embedded import load_default_target
+from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable
 from .metrics import DSparkStats
 from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel
@@ -20,6 +20,7 @@ __all__ = [
     "DraftCache",
     "DSparkStats",
     "load_default_target",
+    "load_default_drafter",
     "enable",
     "disable",
 ]

@@ -97,3 +97,22 @@ def load_default_target(
     model.name_or_path = DEFAULT_TARGET_ID
     model.config.name_or_path = DEFAULT_TARGET_ID
     return model, tokenizer
+
+
+DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parent / "checkpoints" / "smollm2-135m-instruct-dspark"
+
+
+def load_default_drafter(target=None):
+    """The DSpark drafter trained for SmolLM2-135M-Instruct that ships inside the package, bound to ``target``.
+
+    ``target`` defaults to :func:`load_default_target`'s model. See ``model_cards/`` for how it was trained.
+    """
+    from .modeling import DSparkDraftModel
+
+    if not (DEFAULT_DRAFTER_DIR / "config.json").is_file():
+        raise FileNotFoundError(
+            f"No trained default drafter is installed at {DEFAULT_DRAFTER_DIR}. Train one with "
+            "scripts/train_drafter.py (see README.md) and pass its directory to DSparkDraftModel.from_pretrained.")
+    if target is None:
+        target, _ = load_default_target()
+    return DSparkDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR, target=target).eval()

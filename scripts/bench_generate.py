@@ -1,0 +1,162 @@
+"""Batch-1 generation benchmark on the embedded SmolLM2-135M-Instruct target (issue: generate drop-in).
+
+Every configuration runs on the same prompts, interleaved prompt by prompt (round robin) so the noise of a
+shared machine hits all of them alike; results are reported as ratios to plain ``generate`` measured in the
+same run. Greedy speculative outputs are checked token for token against plain greedy of the same model.
+
+    python scripts/bench_generate.py --drafter path/to/dspark [--dflash-drafter path] --per-benchmark 3 \
+        --max-new-tokens 128 --out runs/bench_generate
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hf_dspark import DSparkDraftModel, load_default_target
+from hf_dspark.cpu_kernels import prepack_linears
+from hf_dspark.training.prompts import read_prompts
+
+BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
+
+
+def load_prompts(eval_dir: Path, per_benchmark: int, seed: int) -> list[tuple[str, str]]:
+    prompts = []
+    for name in BENCHMARKS:
+        rows = read_prompts(eval_dir / f"{name}.jsonl")
+        random.Random(seed).shuffle(rows)
+        prompts += [(name, p.first_turn) for p in rows[:per_benchmark]]
+    return prompts
+
+
+def load_drafter(path: str | None, target, head: str):
+    if path:
+        return DSparkDraftModel.from_pretrained(path, target=target).eval(), f"{head} ({path})"
+    torch.manual_seed(0)
+    return DSparkDraftModel.from_target(target, head=head).eval(), f"{head} (UNTRAINED: shows overhead only)"
+
+
+def timed_generate(model, ids, **kwargs):
+    start = time.perf_counter()
+    out = model.generate(ids, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", help="trained DSpark drafter dir (default: hf_dspark.load_default_drafter)")
+    parser.add_argument("--dflash-drafter", help="trained DFlash drafter dir, for the DSpark/DFlash comparison")
+    parser.add_argument("--eval-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "eval_datasets"))
+    parser.add_argument("--per-benchmark", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-bf16", action="store_true")
+    parser.add_argument("--out", default="runs/bench_generate")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+
+    target, tok = load_default_target()
+    packed = prepack_linears(copy.deepcopy(target))
+    bf16 = None if args.skip_bf16 else copy.deepcopy(target).to(torch.bfloat16)
+    drafter_path = args.drafter
+    if drafter_path is None:
+        try:
+            from hf_dspark import load_default_drafter
+
+            drafter, drafter_name = load_default_drafter(target).eval(), "dspark (default drafter)"
+        except (ImportError, FileNotFoundError):
+            drafter, drafter_name = load_drafter(None, target, "markov")
+    else:
+        drafter, drafter_name = load_drafter(drafter_path, target, "markov")
+    packed_drafter = DSparkDraftModel(drafter.config).eval()
+    packed_drafter.load_state_dict(drafter.state_dict())
+    prepack_linears(packed_drafter.bind_target(packed))
+    dflash = load_drafter(args.dflash_drafter, target, "none")[0] if args.dflash_drafter else None
+
+    configs = {  # name -> (model, generate kwargs, baseline name)
+        "plain fp32": (target, {}, "plain fp32"),
+        "plain fp32 prepacked": (packed, {}, "plain fp32"),
+        "prompt lookup fp32": (target, {"prompt_lookup_num_tokens": 10}, "plain fp32"),
+        "hf-dspark fp32": (target, {"assistant_model": drafter}, "plain fp32"),
+        "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, "plain fp32 prepacked"),
+    }
+    if bf16 is not None:
+        configs["plain bf16"] = (bf16, {}, "plain bf16")
+    if dflash is not None:
+        configs["hf-dflash fp32"] = (target, {"assistant_model": dflash}, "plain fp32")
+
+    prompts = load_prompts(Path(args.eval_dir), args.per_benchmark, args.seed)
+    results = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
+        times = {name: [] for name in configs}
+        tokens = {name: [] for name in configs}
+        stats = {name: [] for name in configs}
+        identical = {name: True for name in configs}
+        for bench, text in prompts:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True)["input_ids"]
+            reference = {}
+            for name, (model, extra, base) in configs.items():
+                if temperature > 0 and "prompt_lookup_num_tokens" in extra:
+                    continue
+                torch.manual_seed(args.seed)
+                out, seconds = timed_generate(model, ids, max_new_tokens=args.max_new_tokens, **sampling, **extra)
+                new = out[0, ids.shape[1]:]
+                times[name].append(seconds)
+                tokens[name].append(len(new))
+                drafter_used = extra.get("assistant_model")
+                if drafter_used is not None and hasattr(drafter_used, "stats"):
+                    stats[name].append(drafter_used.stats)
+                if temperature == 0:
+                    reference.setdefault(id(model), new)
+                    identical[name] &= torch.equal(reference[id(model)], new)
+        for name, (model, extra, base) in configs.items():
+            if not times[name]:
+                continue
+            tps = sum(tokens[name]) / sum(times[name])
+            base_tps = sum(tokens[base]) / sum(times[base])
+            row = {"temperature": temperature, "config": name, "tok_s": tps, "ratio_vs_baseline": tps / base_tps,
+                   "baseline": base, "ratio_vs_plain_fp32": tps / (sum(tokens["plain fp32"]) / sum(times["plain fp32"])),
+                   "identical_to_plain_greedy": identical[name] if temperature == 0 else None}
+            if stats[name]:
+                merged = stats[name][0]
+                for s in stats[name][1:]:
+                    merged = merged.merge(s)
+                per_token = sum(times[base]) / sum(tokens[base])  # plain seconds per token, same model
+                c_draft = merged.draft_seconds / merged.rounds / per_token
+                v_gamma = merged.verify_seconds / merged.rounds / per_token
+                row.update(tau=merged.tau, c_draft=c_draft, v_gamma=v_gamma,
+                           bound_speedup=merged.tau / (c_draft + v_gamma),
+                           conditional_acceptance=merged.conditional_acceptance)
+            results.append(row)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps({"drafter": drafter_name, "prompts": len(prompts),
+                                                      "max_new_tokens": args.max_new_tokens,
+                                                      "threads": args.threads, "results": results}, indent=2))
+    print(f"drafter: {drafter_name}; {len(prompts)} prompts ({', '.join(BENCHMARKS)}), "
+          f"{args.max_new_tokens} new tokens, {args.threads} threads")
+    print("| T | config | tok/s | × baseline | × plain fp32 | τ | c_draft | v(γ) | τ/(c+v) | greedy identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else "–"  # noqa: E731
+        same = {True: "yes", False: "NO", None: "–"}[r["identical_to_plain_greedy"]]
+        print(f"| {r['temperature']:g} | {r['config']} | {r['tok_s']:.1f} | {r['ratio_vs_baseline']:.2f} "
+              f"({r['baseline']}) | {r['ratio_vs_plain_fp32']:.2f} | {fmt('tau')} | {fmt('c_draft')} | "
+              f"{fmt('v_gamma')} | {fmt('bound_speedup')} | {same} |")
+
+
+if __name__ == "__main__":
+    main()
