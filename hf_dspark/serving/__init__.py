@@ -1,6 +1,9 @@
-"""Serving many requests: verify-length policies (scheduler.py) and the verify cost curve SPS(B) (profiler.py)."""
+"""Serving many requests: the continuous-batching engine (engine.py), verify-length policies (scheduler.py) and
+the verify cost curve SPS(B) (profiler.py)."""
 
+from .engine import DSparkEngine
 from .profiler import SPSProfile, profile_verify_sps
+from .requests import FinishReason, RequestHandle, RequestOutput, RequestRejectedError, SamplingParams
 from .scheduler import (
     AsyncScheduledPolicy,
     FixedLengthPolicy,
@@ -15,6 +18,12 @@ from .scheduler import (
 
 __all__ = [
     "AsyncScheduledPolicy",
+    "DSparkEngine",
+    "FinishReason",
+    "RequestHandle",
+    "RequestOutput",
+    "RequestRejectedError",
+    "SamplingParams",
     "FixedLengthPolicy",
     "NoSpeculationPolicy",
     "SPSProfile",

@@ -1,0 +1,570 @@
+"""DSparkEngine: continuous batching with confidence-scheduled, load-aware speculative verification.
+
+transformers' own continuous batching assumes one new token per request per step all the way down (scheduler,
+IO tensors, sampler, cache bookkeeping; notes/transformers_integration.md §4), so speculation cannot be added
+there without a fork. This engine is small and transformers-native instead: plain ``DynamicCache``, stock
+model forwards, the drafter's ``draft_block`` and the one ``verify`` routine that ``generate`` uses too.
+
+One engine step (paper Algorithm 1 around it):
+
+    admit waiting requests within the slot budget -> prefill them (own cache, chunked) -> stack onto the batch
+    draft γ tokens for every running request                      (one batched drafter pass)
+    ℓ_r = policy.choose(calibrated confidences c_{r,j}, drafts available, SPS(B))     (load-aware lengths)
+    one target forward over [anchor_r, x_{r,1..ℓ_r}] for all rows  (padded to 1 + max ℓ; B = Σ(1 + ℓ_r))
+    verify() -> commit accepted + recovered/bonus tokens, stream them, stop at EOS / max_new_tokens
+    rejected slots become masked holes; drafter context <- target features of the committed positions
+    retire finished and cancelled requests
+
+Memory is reserved at admission: a request needs prompt + max_new_tokens + γ + 1 cache slots, the padded batch
+costs rows × widest reservation, and the batch compacts its holes before it could outgrow that. A request
+that can never fit is rejected by ``submit``; the others wait. The loop therefore never allocates beyond
+``max_batch_tokens`` slots, and if a step fails anyway only that step's requests fail; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..generation.ragged_batch import cache_kwarg
+from ..generation.verification import PLACEHOLDER_TOKEN_ID, verify
+from ..modeling.modeling import DraftBlock, DraftCache
+from ..modeling.target_taps import TargetFeatureTap
+from .batch import JoiningRow, RunningBatch
+from .metrics import EngineMetrics
+from .processing import BatchLogitsProcessor
+from .profiler import SPSProfile, profile_verify_sps
+from .requests import (
+    FinishReason,
+    Request,
+    RequestHandle,
+    RequestOutput,
+    RequestRejectedError,
+    SamplingParams,
+)
+from .scheduler import NoSpeculationPolicy, VerifyPolicy, make_policy
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
+
+
+@dataclass
+class _Prefill:
+    """A request's prompt in progress: its own target cache and drafter context until it joins the batch."""
+
+    cache: DynamicCache
+    draft_cache: DraftCache | None
+    num_done: int = 0
+
+
+class _ProfileOnFirstUse:
+    """Stands in for the SPS table until a policy reads it, so SPS-blind policies never pay for profiling."""
+
+    def __init__(self, engine: DSparkEngine):
+        self._engine = engine
+
+    def __call__(self, num_tokens: int) -> float:
+        return self._engine.sps(num_tokens)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine.sps, name)
+
+
+def _draft_width(policy: VerifyPolicy, block_size: int) -> int:
+    """Drafts per request per step the policy can ever verify (0: no drafting at all)."""
+    if isinstance(policy, NoSpeculationPolicy):
+        return 0
+    num_tokens = getattr(policy, "num_tokens", None)
+    return block_size if num_tokens is None else min(block_size, int(num_tokens))
+
+
+def _raise_if_unsupported_target(target) -> None:
+    if target.config.is_encoder_decoder:
+        raise ValueError("DSparkEngine serves decoder-only targets only.")
+    layer_types = getattr(target.config.get_text_config(), "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError("DSparkEngine needs a target with full attention in every layer: rejected draft slots are "
+                         "kept as masked holes, which sliding-window and linear-attention caches cannot hold.")
+
+
+def _target_eos_ids(target) -> set[int]:
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(target.config.get_text_config(), "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+class DSparkEngine:
+    """Serve many requests at once with a DSpark drafter (see the module docstring for one step).
+
+    Args:
+        target: the transformers causal LM (full-attention decoder).
+        draft: a ``DSparkDraftModel`` for ``target``; may be None with ``policy="none"``.
+        policy (`str | VerifyPolicy`, defaults to "scheduled"): verify-length policy name from
+            ``hf_dspark.serving.available_policies()`` (kwargs in ``policy_kwargs``) or an instance.
+        max_batch_tokens (`int`, defaults to 32768): KV slots the running batch may hold, counted as the padded
+            cache holds them: admitted requests × the widest reservation (prompt + max_new_tokens + γ + 1).
+        max_running_requests (`int`, defaults to 64): requests decoding (or prefilling) at once.
+        max_request_tokens (`int`, defaults to the target's max positions, within max_batch_tokens): cap on
+            prompt + max_new_tokens of one request; longer requests are rejected by ``submit``.
+        max_prefill_tokens (`int`, defaults to 1024): prompt tokens prefilled per step (long prompts span steps).
+        sps (`SPSProfile | {B: steps/s} | None`): verify cost curve; None profiles the target on first use by an
+            SPS-aware policy over B = 1..max_running_requests·(1 + γ) (cached on disk in ``sps_cache_dir``).
+        tokenizer: needed for text / chat prompts and for ``RequestOutput.text``.
+        max_hole_fraction (`float`, defaults to 0.5): compact the batch cache when more of its columns are holes.
+        log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
+    """
+
+    def __init__(self, target, draft=None, policy: str | VerifyPolicy = "scheduled", *,
+                 policy_kwargs: Mapping | None = None, max_batch_tokens: int = 32768, max_running_requests: int = 64,
+                 max_request_tokens: int | None = None, max_prefill_tokens: int = 1024,
+                 sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
+                 sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
+                 log_interval_s: float = 30.0):
+        _raise_if_unsupported_target(target)
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
+        block_size = draft.config.block_size if draft is not None else 0
+        self.draft_width = _draft_width(self.policy, block_size)
+        if draft is None and not isinstance(self.policy, NoSpeculationPolicy):
+            raise ValueError(f"verify policy {getattr(self.policy, 'name', self.policy)!r} needs a drafter: pass "
+                             "draft=DSparkDraftModel..., or use policy='none' for plain continuous batching.")
+        if draft is not None and draft._bound_target[:1] != [target]:
+            draft.bind_target(target)
+        self.device = next(target.parameters()).device
+        max_positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or max_batch_tokens
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_running_requests = int(max_running_requests)
+        self.max_request_tokens = int(max_request_tokens if max_request_tokens is not None else
+                                      min(max_positions, max_batch_tokens - self.draft_width - 1))
+        self.max_positions = int(max_positions)
+        self.max_prefill_tokens = int(max_prefill_tokens)
+        self.max_hole_fraction = float(max_hole_fraction)
+        self.log_interval_s = float(log_interval_s)
+        self._raise_if_invalid_limits()
+        self.default_eos_ids = _target_eos_ids(target)
+        self._sps_source, self._sps, self.sps_cache_dir = sps, None, sps_cache_dir
+        self._sps_view = _ProfileOnFirstUse(self)
+        self._cache_name = cache_kwarg(target)
+        self._batch = RunningBatch(target.config, self.device)
+        self._incoming: deque[Request] = deque()
+        self._incoming_lock = threading.Lock()
+        self._waiting: deque[Request] = deque()
+        self._prefilling: list[Request] = []
+        self._step_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_log = time.perf_counter()
+        self.engine_metrics = EngineMetrics(max(block_size, 1))
+
+    def _raise_if_invalid_limits(self) -> None:
+        for name in ("max_batch_tokens", "max_running_requests", "max_request_tokens", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DSparkEngine: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_request_tokens + self.draft_width + 1 > self.max_batch_tokens:
+            raise ValueError(f"DSparkEngine: max_request_tokens={self.max_request_tokens} plus the verify overshoot "
+                             f"({self.draft_width + 1}) exceeds max_batch_tokens={self.max_batch_tokens}; raise "
+                             "max_batch_tokens or lower max_request_tokens.")
+
+    # ------------------------------------------------------------------------------------------------------
+    # SPS(B)
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def sps(self) -> SPSProfile:
+        """The verify cost curve; profiled (or loaded from the disk cache) on first access."""
+        if self._sps is None:
+            source = self._sps_source
+            if isinstance(source, SPSProfile):
+                self._sps = source
+            elif source is not None:
+                self._sps = SPSProfile.from_user_table(source)
+            else:
+                row_len = 1 + max(self.draft_width, 1)
+                self._sps = profile_verify_sps(self.target, max_batch_tokens=self.max_running_requests * row_len,
+                                               row_len=row_len, cache_dir=self.sps_cache_dir)
+        return self._sps
+
+    def profile_sps(self) -> SPSProfile:
+        """Profile now (e.g. before serving) instead of at the first scheduled step."""
+        return self.sps
+
+    # ------------------------------------------------------------------------------------------------------
+    # Submission (any thread)
+    # ------------------------------------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               eos_token_id: int | Sequence[int] | None = None, request_id: str | None = None,
+               params: SamplingParams | None = None) -> RequestHandle:
+        """Queue a request (token ids, text, or chat messages) and return its handle; thread-safe.
+
+        Raises RequestRejectedError when the request could never fit the engine's limits."""
+        if params is None:
+            params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id)
+        ids = self._encode(prompt)
+        self._raise_if_never_fits(ids, params)
+        eos = self.default_eos_ids if params.eos_token_id is None else (
+            {int(params.eos_token_id)} if isinstance(params.eos_token_id, int) else {int(e) for e in params.eos_token_id})
+        request = Request(ids, params, eos, request_id=request_id, device=self.device)
+        with self._incoming_lock:
+            self._incoming.append(request)
+        self._wake.set()
+        return RequestHandle(request, self)
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, torch.Tensor):
+            return [int(t) for t in prompt.reshape(-1).tolist()]
+        if isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], Mapping)):
+            if self.tokenizer is None:
+                raise ValueError("text and chat prompts need DSparkEngine(..., tokenizer=tokenizer); or submit ids.")
+            if isinstance(prompt, str):
+                return list(self.tokenizer(prompt)["input_ids"])
+            encoded = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            return list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
+        return [int(t) for t in prompt]
+
+    def _reservation(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """Cache slots a request can occupy at most: prompt, generated tokens, and one round of overshoot."""
+        return num_prompt_tokens + params.max_new_tokens + self.draft_width + 1
+
+    def _raise_if_never_fits(self, ids: list[int], params: SamplingParams) -> None:
+        # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.
+        problem = None
+        if not ids:
+            problem = "the prompt is empty"
+        elif len(ids) + params.max_new_tokens > self.max_request_tokens:
+            problem = (f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                       f"max_request_tokens={self.max_request_tokens}; shorten the prompt, lower max_new_tokens "
+                       "or raise DSparkEngine(max_request_tokens=...)")
+        elif len(ids) + params.max_new_tokens > self.max_positions:
+            problem = (f"prompt + max_new_tokens = {len(ids) + params.max_new_tokens} exceeds the target's "
+                       f"max_position_embeddings={self.max_positions}")
+        if problem is not None:
+            self.engine_metrics.rejected_requests += 1
+            raise RequestRejectedError(f"request rejected: {problem}")
+
+    def _cancel(self, request: Request) -> None:
+        request.cancel_requested = True
+        self._wake.set()
+
+    # ------------------------------------------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def has_work(self) -> bool:
+        return bool(self._incoming or self._waiting or self._prefilling or len(self._batch))
+
+    def start(self) -> DSparkEngine:
+        """Run the engine loop in a background thread (idempotent)."""
+        if not self.is_running:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, drain: bool = False, timeout: float | None = None) -> None:
+        """Stop the loop thread; with ``drain`` first let every queued request finish. Requests still unfinished
+        afterwards end with finish reason "aborted"."""
+        if drain:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self.has_work() and (deadline is None or time.monotonic() < deadline):
+                if not self.is_running:
+                    self.step()
+                else:
+                    time.sleep(0.01)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._step_lock:
+            self._take_incoming()
+            for request in [*self._waiting, *self._prefilling, *self._batch.requests]:
+                request.finish(FinishReason.ABORTED)
+                self._on_finished(request)
+            self._waiting.clear()
+            self._prefilling.clear()
+            self._batch.keep([])
+
+    def __enter__(self) -> DSparkEngine:  # noqa: PYI034 (Self needs Python 3.11)
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop(drain=exc[0] is None)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.step()
+            except Exception:  # the step already failed its requests; the loop must survive
+                logger.exception("DSparkEngine step failed; its requests were ended with an error")
+                worked = True
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 64, **params) -> list[RequestOutput]:
+        """Blocking convenience: submit every prompt, wait for all (driving the loop if no thread runs)."""
+        handles = [self.submit(prompt, max_new_tokens, **params) for prompt in prompts]
+        return [handle.result() for handle in handles]
+
+    def step(self) -> bool:
+        """One engine iteration (admit, prefill, draft, verify, commit, retire); False when idle."""
+        with self._step_lock:
+            self._take_incoming()
+            self._retire()
+            if not (self._waiting or self._prefilling or len(self._batch)):
+                return False
+            start = time.perf_counter()
+            try:
+                with torch.no_grad(), self._feature_tap() as tap:
+                    self._admit()
+                    self._batch.join(self._prefill(tap))
+                    if len(self._batch):
+                        self._decode(tap)
+                self._retire()
+            except Exception as err:
+                self._fail_running(err)
+                raise
+            finally:
+                self.engine_metrics.steps += 1
+                self.engine_metrics.busy_seconds += time.perf_counter() - start
+            self._maybe_log()
+            return True
+
+    def _feature_tap(self):
+        if not self.draft_width:
+            return contextlib.nullcontext(None)
+        return TargetFeatureTap(self.target, self.draft.config.target_layer_ids)
+
+    def _take_incoming(self) -> None:
+        with self._incoming_lock:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+
+    def _retire(self) -> None:
+        """End cancelled requests wherever they are; drop finished rows from the batch."""
+        for queue in (self._waiting, self._prefilling):
+            for request in [r for r in queue if r.cancel_requested]:
+                queue.remove(request)
+                request.finish(FinishReason.CANCELLED)
+                self._on_finished(request)
+        keep = []
+        for row, request in enumerate(self._batch.requests):
+            if request.cancel_requested and not request.is_finished:
+                request.finish(FinishReason.CANCELLED)
+            if request.is_finished:
+                self._on_finished(request)
+            else:
+                keep.append(row)
+        self._batch.keep(keep)
+
+    def _on_finished(self, request: Request) -> None:
+        self.engine_metrics.observe_finished(request.finish_reason.value, request.metrics())
+
+    def _fail_running(self, err: BaseException) -> None:
+        """A failed step ends the requests it touched (prefilling and running); waiting ones stay queued."""
+        for request in [*self._prefilling, *self._batch.requests]:
+            request.finish(FinishReason.ERROR, error=err)
+            self._on_finished(request)
+        self._prefilling.clear()
+        self._batch.keep([])
+
+    # ------------------------------------------------------------------------------------------------------
+    # Admission and prefill
+    # ------------------------------------------------------------------------------------------------------
+    def _reserved_slots(self) -> int:
+        """Slots the admitted requests may occupy in the padded batch: rows × widest reservation."""
+        admitted = self._prefilling + self._batch.requests
+        return len(admitted) * max((self._reservation(r.num_prompt_tokens, r.params) for r in admitted), default=0)
+
+    def _admit(self) -> None:
+        """FCFS: admit while the padded reservation (rows × widest reservation) fits ``max_batch_tokens``."""
+        admitted = self._prefilling + self._batch.requests
+        widest = max((self._reservation(r.num_prompt_tokens, r.params) for r in admitted), default=0)
+        while self._waiting and len(admitted) < self.max_running_requests:
+            request = self._waiting[0]
+            need = max(widest, self._reservation(request.num_prompt_tokens, request.params))
+            if (len(admitted) + 1) * need > self.max_batch_tokens:
+                break
+            self._waiting.popleft()
+            widest = need
+            request.admit_time = time.perf_counter()
+            request.prefill = _Prefill(DynamicCache(config=self.target.config),
+                                       DraftCache() if self.draft_width else None)
+            self._prefilling.append(request)
+            admitted = admitted + [request]
+
+    def _prefill(self, tap) -> list[JoiningRow]:
+        """Advance prompts by up to ``max_prefill_tokens`` in total; completed ones get their first token."""
+        start = time.perf_counter()
+        budget, joining = self.max_prefill_tokens, []
+        for request in list(self._prefilling):
+            if budget <= 0:
+                break
+            state = request.prefill
+            num_tokens = min(budget, request.num_prompt_tokens - state.num_done)
+            budget -= num_tokens
+            logits = self._prefill_chunk(request, state, num_tokens, tap)
+            if state.num_done < request.num_prompt_tokens:
+                continue
+            self._prefilling.remove(request)
+            first = self._first_token(request, logits)
+            self.engine_metrics.generated_tokens += request.commit([first], time.perf_counter())
+            request.prefill = None
+            if request.is_finished:  # max_new_tokens=1 or an EOS first token: it never joins the batch
+                self._on_finished(request)
+            else:
+                joining.append(JoiningRow(request, state.cache, state.draft_cache, first, request.num_prompt_tokens))
+        self.engine_metrics.prefill_seconds += time.perf_counter() - start
+        return joining
+
+    def _prefill_chunk(self, request: Request, state: _Prefill, num_tokens: int, tap) -> torch.Tensor:
+        """One chunk of a prompt through the target (its own cache); returns the last position's logits [1, V]."""
+        begin = state.num_done
+        ids = torch.tensor([request.prompt_ids[begin:begin + num_tokens]], device=self.device)
+        positions = torch.arange(begin, begin + num_tokens, device=self.device)[None]
+        out = self.target(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                          **{self._cache_name: state.cache})
+        if self.draft_width:
+            state.draft_cache = self.draft.extend_context(state.draft_cache, tap.features(), positions)
+        state.num_done += num_tokens
+        self.engine_metrics.prefill_tokens += num_tokens
+        return out.logits[:, -1].float()
+
+    def _first_token(self, request: Request, logits: torch.Tensor) -> int:
+        """The prompt's next token, exactly as plain ``generate`` picks it (processors, request's generator)."""
+        if not request.params.do_sample:
+            return int(logits.argmax(-1))
+        ids = torch.tensor([request.prompt_ids], device=self.device)
+        probs = torch.softmax(request.processors(ids, logits), dim=-1)
+        return int(torch.multinomial(probs, 1, generator=request.generator))
+
+    # ------------------------------------------------------------------------------------------------------
+    # One speculative round for the whole batch
+    # ------------------------------------------------------------------------------------------------------
+    def _decode(self, tap) -> None:
+        batch, metrics = self._batch, self.engine_metrics
+        slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)
+        if batch.compact_if_needed(1 + self.draft_width, slot_budget, self.max_hole_fraction):
+            metrics.compactions += 1
+        processor = BatchLogitsProcessor(batch.requests)
+        start = time.perf_counter()
+        block, lengths = self._draft_and_choose(processor)
+        width = 1 + int(lengths.max())
+        drafts = block.tokens[:, :width - 1] if block is not None else batch.anchors.new_zeros(len(batch), 0)
+        mid = time.perf_counter()
+        positions = batch.anchor_positions[:, None] + torch.arange(width, device=self.device)  # [R, W]
+        out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1),
+                          attention_mask=torch.cat([batch.mask, batch.mask.new_ones(len(batch), width)], dim=1),
+                          position_ids=positions, use_cache=True, logits_to_keep=width,
+                          **{self._cache_name: batch.cache})
+        num_accepted, next_tokens, output = self._accept(processor, drafts, lengths, out.logits[:, -width:].float(),
+                                                         block)
+        metrics.draft_seconds += mid - start
+        metrics.verify_seconds += time.perf_counter() - mid
+        self._commit(output, lengths, num_accepted, width)
+        kept = torch.arange(width, device=self.device)[None, :] <= num_accepted[:, None]  # anchor + accepted
+        if self.draft_width:
+            batch.draft_cache = self.draft.extend_context(batch.draft_cache, tap.features()[:, :width], positions,
+                                                          kept)
+        batch.commit_round(kept, next_tokens, num_accepted)
+
+    def _draft_and_choose(self, processor: BatchLogitsProcessor) -> tuple[DraftBlock | None, torch.Tensor]:
+        """Draft for every row in one pass, then ℓ_r from the policy (never more than the request may still use:
+        at most max_new_tokens - generated - 1 drafts, since the round always adds a recovered/bonus token)."""
+        batch = self._batch
+        if not self.draft_width:
+            return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
+        remaining = torch.tensor([r.num_remaining for r in batch.requests], device=self.device)
+        block = self.draft.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
+                                       num_tokens=self.draft_width, do_sample=processor.do_sample,
+                                       logits_processor=processor,
+                                       generator=processor.generators if processor.do_sample else None,
+                                       confidence_threshold=0.0)  # the policy decides the lengths
+        max_lengths = torch.minimum(block.num_drafts, (remaining - 1).clamp(min=0))
+        lengths = self.policy.choose(block.confidence, max_lengths, self._sps_view,
+                                     step=self.engine_metrics.decode_steps)
+        return block, torch.minimum(lengths.to(self.device), max_lengths)
+
+    def _accept(self, processor: BatchLogitsProcessor, drafts: torch.Tensor, lengths: torch.Tensor,
+                logits: torch.Tensor, block: DraftBlock | None):
+        """verify() per request: greedy rows in one call; sampled rows each with their own generator (and their
+        own warpers, applied identically to p here and to q when drafting)."""
+        num_rows, width = drafts.shape[0], drafts.shape[1] + 1
+        num_accepted = torch.zeros(num_rows, dtype=torch.long, device=self.device)
+        next_tokens = torch.zeros_like(num_accepted)
+        output = torch.full((num_rows, width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=self.device)
+        greedy = processor.greedy_rows
+        if greedy:
+            rows = torch.tensor(greedy, device=self.device)
+            result = verify(drafts[rows], lengths[rows], logits[rows], None, do_sample=False)
+            num_accepted[rows], next_tokens[rows], output[rows] = (result.num_accepted, result.next_tokens,
+                                                                   result.output_tokens)
+        if processor.sampled_rows:
+            target_logits = processor.process_target(drafts, logits)
+        for row in processor.sampled_rows:
+            n = int(lengths[row])
+            probs = (block.draft_probs[row:row + 1, :n] if block is not None
+                     else logits.new_zeros(1, 0, logits.shape[-1]))
+            result = verify(drafts[row:row + 1, :n], lengths[row:row + 1], target_logits[row:row + 1, :n + 1], probs,
+                            do_sample=True, generator=processor.requests[row].generator)
+            num_accepted[row], next_tokens[row] = result.num_accepted[0], result.next_tokens[0]
+            output[row, :n + 1] = result.output_tokens[0]
+        return num_accepted, next_tokens, output
+
+    def _commit(self, output: torch.Tensor, lengths: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
+        """Stream each request's accepted + recovered/bonus tokens (stopping at EOS / max_new_tokens)."""
+        now = time.perf_counter()
+        rows = output.tolist()
+        accepted = num_accepted.tolist()
+        committed = []
+        for request, tokens, n in zip(self._batch.requests, rows, accepted):
+            committed.append(request.commit(tokens[:n + 1], now))
+            request.num_rounds += 1
+        metrics = self.engine_metrics
+        metrics.generated_tokens += sum(committed)
+        metrics.stats.observe_round(lengths, num_accepted, torch.tensor(committed))
+        metrics.observe_decode_step(len(rows), width, lengths.tolist(), accepted)
+        logger.debug("step %d: R=%d, verify tokens B=%d (width %d), mean ℓ=%.2f, accepted %d, committed %d",
+                     metrics.decode_steps, len(rows), len(rows) + int(lengths.sum()), width,
+                     float(lengths.float().mean()), sum(accepted), sum(committed))
+
+    # ------------------------------------------------------------------------------------------------------
+    # Metrics
+    # ------------------------------------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """Engine counters and latency means (see ``EngineMetrics``), plus the current queue sizes."""
+        out = self.engine_metrics.to_dict()
+        out.update(policy=getattr(self.policy, "name", type(self.policy).__name__), draft_width=self.draft_width,
+                   waiting=len(self._waiting) + len(self._incoming), prefilling=len(self._prefilling),
+                   running=len(self._batch), cache_slots=self._batch.num_slots,
+                   reserved_slots=self._reserved_slots())
+        return out
+
+    def log_metrics(self) -> None:
+        self.engine_metrics.log()
+
+    def _maybe_log(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_log >= self.log_interval_s:
+            self._last_log = now
+            self.log_metrics()
+
+
+__all__ = ["DSparkEngine"]

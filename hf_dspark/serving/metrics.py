@@ -1,0 +1,116 @@
+"""EngineMetrics: what the serving engine did, as a dict and a log line.
+
+Verify budget = drafts verified per request per step (ℓ averaged over every request-round): the quantity the
+scheduler adapts to load (long on an idle engine, short under heavy load). τ counts the bonus token, as in
+:class:`hf_dspark.DSparkStats`, which the engine feeds per round. Wasted verify tokens are verified drafts that
+were rejected; padding tokens are the extra slots of a padded verify batch (rows shorter than the widest).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from ..metrics import DSparkStats
+
+logger = logging.getLogger("hf_dspark.serving")
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class EngineMetrics:
+    block_size: int
+    stats: DSparkStats = field(init=False)
+    start_time: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    decode_steps: int = 0
+    busy_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    verify_tokens: int = 0  # Σ_steps B = Σ_r (1 + ℓ_r)
+    padded_verify_tokens: int = 0  # Σ_steps R · W (what the padded forward actually computed)
+    verified_drafts: int = 0  # Σ ℓ_r
+    request_rounds: int = 0  # Σ_steps R
+    wasted_verify_tokens: int = 0  # verified drafts that were rejected
+    finished: dict = field(default_factory=dict)  # finish reason -> count
+    rejected_requests: int = 0
+    compactions: int = 0
+    request_latencies: list[dict] = field(default_factory=list)  # per finished request (bounded, see below)
+    max_kept_requests: int = 100_000
+
+    def __post_init__(self):
+        self.stats = DSparkStats.new(self.block_size)
+
+    def observe_decode_step(self, num_rows: int, width: int, lengths: list[int], accepted: list[int]) -> None:
+        self.decode_steps += 1
+        self.request_rounds += num_rows
+        self.verify_tokens += num_rows + sum(lengths)
+        self.padded_verify_tokens += num_rows * width
+        self.verified_drafts += sum(lengths)
+        self.wasted_verify_tokens += sum(n - a for n, a in zip(lengths, accepted))
+
+    def observe_finished(self, reason: str, latency: dict) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        if len(self.request_latencies) < self.max_kept_requests:
+            self.request_latencies.append(latency)
+
+    @property
+    def mean_verify_budget(self) -> float:
+        """Drafts verified per request per step."""
+        return self.verified_drafts / self.request_rounds if self.request_rounds else 0.0
+
+    def to_dict(self) -> dict:
+        latencies = self.request_latencies
+        return {
+            "steps": self.steps,
+            "decode_steps": self.decode_steps,
+            "uptime_s": time.perf_counter() - self.start_time,
+            "busy_s": self.busy_seconds,
+            "generated_tokens": self.generated_tokens,
+            "throughput_tok_s": self.generated_tokens / self.busy_seconds if self.busy_seconds else 0.0,
+            "mean_batch_size": self.request_rounds / self.decode_steps if self.decode_steps else 0.0,
+            "mean_verify_budget": self.mean_verify_budget,
+            "mean_verify_tokens": self.verify_tokens / self.decode_steps if self.decode_steps else 0.0,
+            "tau": self.stats.tau,
+            "acceptance_rate": self.stats.acceptance_rate,
+            "conditional_acceptance": self.stats.conditional_acceptance,
+            "wasted_verify_tokens": self.wasted_verify_tokens,
+            "padding_tokens": self.padded_verify_tokens - self.verify_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_s": self.prefill_seconds,
+            "draft_s": self.draft_seconds,
+            "verify_s": self.verify_seconds,
+            "finished_requests": dict(self.finished),
+            "rejected_requests": self.rejected_requests,
+            "compactions": self.compactions,
+            "mean_ttft_s": _mean([m["ttft_s"] for m in latencies]),
+            "mean_itl_s": _mean([m["mean_itl_s"] for m in latencies]),
+            "mean_request_tok_s": _mean([m["tokens_per_second"] for m in latencies]),
+        }
+
+    def summary(self) -> str:
+        d = self.to_dict()
+        ttft = d["mean_ttft_s"]
+        per_user = d["mean_request_tok_s"]
+        return (f"engine: {d['generated_tokens']} tokens in {d['decode_steps']} decode steps, "
+                f"{d['throughput_tok_s']:.1f} tok/s, mean batch {d['mean_batch_size']:.1f}, "
+                f"mean verify budget {d['mean_verify_budget']:.2f} drafts/request/step "
+                f"({d['mean_verify_tokens']:.1f} tokens/step), tau={d['tau']:.2f} (incl. bonus), "
+                f"wasted verify tokens {d['wasted_verify_tokens']}, padding {d['padding_tokens']}, "
+                f"TTFT {'-' if ttft is None else f'{ttft * 1e3:.0f} ms'}, per-request "
+                f"{'-' if per_user is None else f'{per_user:.1f}'} tok/s")
+
+    def log(self) -> None:
+        logger.info(self.summary())
+
+
+__all__ = ["EngineMetrics"]

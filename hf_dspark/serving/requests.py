@@ -1,0 +1,281 @@
+"""Requests of the serving engine: sampling parameters, the engine-side state, and the caller's handle.
+
+Threading model: the engine loop is the only writer of a request's tokens and state; callers read them through
+a :class:`RequestHandle` from any thread. Every write happens under the request's condition variable, which
+also wakes streaming readers. Cancellation is a flag the engine honours at its next step boundary, so a
+cancelled request's output is always a prefix of what it would have produced.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+if TYPE_CHECKING:
+    from .engine import DSparkEngine
+
+_REQUEST_IDS = itertools.count()
+
+
+class RequestRejectedError(ValueError):
+    """A request that can never be served with the engine's limits (raised by ``submit``)."""
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token was generated (and is part of the output)
+    LENGTH = "length"  # max_new_tokens reached
+    CANCELLED = "cancelled"  # handle.cancel()
+    ABORTED = "aborted"  # the engine stopped before the request finished
+    ERROR = "error"  # the engine step failed; the handle re-raises the error
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings.
+
+    Args:
+        max_new_tokens (`int`, defaults to 64): tokens to generate at most (EOS included).
+        do_sample (`bool`, defaults to False): sample (lossless speculative sampling) instead of greedy decoding.
+        temperature (`float`, defaults to 1.0), top_k (`int`, defaults to None), top_p (`float`, defaults to None):
+            sampling warpers, applied identically to the target's p and the drafter's q (ignored when greedy).
+        seed (`int`, defaults to None): seeds the request's own generator (drafting, verification and the
+            first token), so a seeded request does not depend on other requests' randomness.
+        eos_token_id (`int | list[int]`, defaults to None = the target's generation config): stop tokens;
+            an empty list never stops early.
+    """
+
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    eos_token_id: int | Sequence[int] | None = None
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 or None disables it), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def logits_processors(self) -> LogitsProcessorList:
+        """The warpers plain ``generate(do_sample=True, ...)`` would build, in the same order."""
+        processors = LogitsProcessorList()
+        if not self.do_sample:
+            return processors
+        if self.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k:
+            processors.append(TopKLogitsWarper(self.top_k))
+        if self.top_p is not None and self.top_p < 1.0:
+            processors.append(TopPLogitsWarper(self.top_p))
+        return processors
+
+    @property
+    def processing_key(self) -> tuple:
+        """Requests with equal keys process logits identically (so the engine processes them in one call)."""
+        if not self.do_sample:
+            return (False,)
+        return (True, self.temperature, self.top_k or 0, self.top_p if self.top_p is not None else 1.0)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: FinishReason
+    text: str | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+class Request:
+    """Engine-side state of one request. Only the engine loop mutates it (under ``condition``)."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, eos_token_ids: set[int], *,
+                 request_id: str | None = None, device: torch.device | str = "cpu"):
+        self.request_id = request_id if request_id is not None else f"req-{next(_REQUEST_IDS)}"
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.processors = params.logits_processors()
+        self.generator = torch.Generator(device=device)
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+        self.condition = threading.Condition()
+        self.tokens: list[int] = []
+        self.token_times: list[float] = []
+        self.submit_time = time.perf_counter()
+        self.admit_time: float | None = None
+        self.finish_time: float | None = None
+        self.finish_reason: FinishReason | None = None
+        self.error: BaseException | None = None
+        self.cancel_requested = False
+        self.num_rounds = 0
+        self.prefill = None  # the engine's prefill state while the prompt is being processed
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens this request may still generate."""
+        return self.params.max_new_tokens - len(self.tokens)
+
+    def commit(self, tokens: Sequence[int], now: float) -> int:
+        """Append tokens one at a time, stopping at EOS or max_new_tokens like plain ``generate``. Returns how
+        many were committed; the request is finished afterwards if it stopped."""
+        committed = 0
+        with self.condition:
+            for token in tokens:
+                self.tokens.append(int(token))
+                self.token_times.append(now)
+                committed += 1
+                if int(token) in self.eos_token_ids:
+                    self._finish_locked(FinishReason.STOP, now)
+                    break
+                if len(self.tokens) >= self.params.max_new_tokens:
+                    self._finish_locked(FinishReason.LENGTH, now)
+                    break
+            self.condition.notify_all()
+        return committed
+
+    def finish(self, reason: FinishReason, error: BaseException | None = None) -> None:
+        with self.condition:
+            if self.finish_reason is None:
+                self.error = error
+                self._finish_locked(reason, time.perf_counter())
+            self.condition.notify_all()
+
+    def _finish_locked(self, reason: FinishReason, now: float) -> None:
+        self.finish_reason = reason
+        self.finish_time = now
+        self.prefill = None
+
+    def metrics(self) -> dict:
+        """Latency numbers of this request (seconds; tok/s counts tokens after the first, i.e. decoding speed)."""
+        first = self.token_times[0] if self.token_times else None
+        last = self.token_times[-1] if self.token_times else None
+        n = len(self.tokens)
+        decode_s = (last - first) if n > 1 else 0.0
+        return {
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_generated_tokens": n,
+            "num_rounds": self.num_rounds,
+            "queue_s": (self.admit_time - self.submit_time) if self.admit_time is not None else None,
+            "ttft_s": (first - self.submit_time) if first is not None else None,
+            "mean_itl_s": decode_s / (n - 1) if n > 1 else None,
+            "tokens_per_second": (n - 1) / decode_s if decode_s > 0 else None,
+            "e2e_s": (self.finish_time - self.submit_time) if self.finish_time is not None else None,
+        }
+
+    def output(self, tokenizer=None) -> RequestOutput:
+        with self.condition:
+            tokens = list(self.tokens)
+            reason = self.finish_reason
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+        return RequestOutput(self.request_id, list(self.prompt_ids), tokens, reason, text, self.metrics())
+
+
+class RequestHandle:
+    """What ``engine.submit`` returns: iterate it to stream token ids, ``result()`` to wait, ``cancel()`` to stop.
+
+    Without a running engine thread (``engine.start()``), waiting drives ``engine.step()`` from the caller's
+    thread, so single-threaded use needs no loop of its own.
+    """
+
+    def __init__(self, request: Request, engine: DSparkEngine):
+        self._request = request
+        self._engine = engine
+
+    @property
+    def request_id(self) -> str:
+        return self._request.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self._request.prompt_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Tokens generated so far (a snapshot)."""
+        with self._request.condition:
+            return list(self._request.tokens)
+
+    def done(self) -> bool:
+        return self._request.is_finished
+
+    def cancel(self) -> None:
+        """Stop generating at the next step boundary; the tokens produced so far are kept."""
+        self._engine._cancel(self._request)
+
+    def _wait(self, predicate, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        request = self._request
+        while True:
+            with request.condition:
+                if predicate():
+                    return True
+                if self._engine.is_running:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    request.condition.wait(timeout=0.1 if remaining is None else min(0.1, remaining))
+                    continue
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if not self._engine.step() and not predicate():
+                raise RuntimeError(f"request {request.request_id} cannot progress: the engine has no work for it "
+                                   "(was it stopped?)")
+
+    def __iter__(self) -> Iterator[int]:
+        position = 0
+        request = self._request
+        while True:
+            self._wait(lambda seen=position: len(request.tokens) > seen or request.is_finished, None)
+            with request.condition:
+                new = request.tokens[position:]
+                finished = request.is_finished and position + len(new) >= len(request.tokens)
+            yield from new
+            position += len(new)
+            if finished:
+                break
+        self._raise_if_failed()
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until the request finishes (TimeoutError after ``timeout`` seconds)."""
+        if not self._wait(lambda: self._request.is_finished, timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        self._raise_if_failed()
+        return self._request.output(self._engine.tokenizer)
+
+    def _raise_if_failed(self) -> None:
+        if self._request.finish_reason is FinishReason.ERROR:
+            raise RuntimeError(f"request {self.request_id} failed inside the engine") from self._request.error
+
+
+__all__ = ["FinishReason", "Request", "RequestHandle", "RequestOutput", "RequestRejectedError", "SamplingParams"]
