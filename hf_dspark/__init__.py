@@ -8,6 +8,7 @@ from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable
 from .metrics import DSparkStats
 from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel
+from .serving import DSparkEngine
 
 AutoConfig.register(DSparkConfig.model_type, DSparkConfig, exist_ok=True)
 AutoModel.register(DSparkConfig, DSparkDraftModel, exist_ok=True)
@@ -16,6 +17,7 @@ __all__ = [
     "__version__",
     "DSparkConfig",
     "DSparkDraftModel",
+    "DSparkEngine",
     "DraftBlock",
     "DraftCache",
     "DSparkStats",
