@@ -248,7 +248,7 @@ class DSparkDraftModel(PreTrainedModel):
     @torch.no_grad()
     def _init_final_norm_from(self, target) -> None:
         """Start the final norm from the target's: h then reaches the frozen LM head at the scale it was trained
-        for, so the first training steps spend no effort rediscovering it (step-1 CE ~58 -> ~11 on SmolLM2)."""
+        for, so short (CPU) training runs do not spend their first steps rediscovering that scale."""
         target_norm = getattr(target.get_decoder(), "norm", None) if hasattr(target, "get_decoder") else None
         weight = getattr(target_norm, "weight", None)
         if weight is not None and weight.shape == self.norm.weight.shape:
