@@ -1,0 +1,135 @@
+"""The STS calibration flow (``hf-dspark calibrate``): held-out rounds -> temperatures -> calibrated drafter.
+
+1. run the drafter on held-out prompts (never the evaluation sets: :class:`EvalOverlapGuard` refuses them) at
+   the serving temperature with confidence threshold 0, recording every round's raw confidence logits z_k and
+   accepted prefix length (real rejection sampling, so the labels are what serving will see);
+2. fit one temperature per position with STS (``training.calibration.fit_sts``, paper §3.2.1);
+3. save the drafter with ``confidence_temperatures`` in its config, plus ECE / AUC per position before and
+   after (markdown, JSON, reliability PNG) and the raw rounds.
+
+The math lives in ``training/calibration.py``; this module only gathers the data and writes the results.
+Temperatures are fitted for one serving temperature (the acceptance process differs between greedy and
+sampling); calibrate at the temperature you serve with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..training.calibration import PositionCalibration, calibration_report, fit_sts
+from ..training.prompts import EvalOverlapGuard, Prompt, read_prompts
+from .benchmarks import default_eval_dir
+from .harness import record_rounds
+from .recorder import RoundTrace
+from .report import calibration_table, to_json_safe, write_reliability
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CalibrationRun:
+    """Fitted per-position temperatures, the before/after report and the rounds they came from."""
+
+    temperatures: list[float]
+    report: list[PositionCalibration]
+    trace: RoundTrace
+    serving_temperature: float | None = None
+    num_prompts: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"confidence_temperatures": self.temperatures, "serving_temperature": self.serving_temperature,
+                "num_prompts": self.num_prompts, "num_rounds": len(self.trace),
+                "positions": [p.to_dict() for p in self.report]}
+
+    def to_markdown(self) -> str:
+        head = (f"STS calibration on {len(self.trace)} held-out rounds ({self.num_prompts} prompts, serving "
+                f"T={self.serving_temperature}); ECE/AUC of the joint survival a_k = Π σ(z_i/T_i) per position.")
+        return head + "\n\n" + calibration_table({"calibration": self.report}) + "\n"
+
+
+def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Prompt]:
+    """The last ``num`` records of a prompt file (any format ``read_prompts`` accepts).
+
+    The default calibration set is the tail of the regenerated training data: build the target cache from the
+    leading records only (``build_target_cache.py --limit``) so the tail stays unseen by the trainer."""
+    prompts = read_prompts(path)
+    return prompts[-num:] if num else prompts
+
+
+def _overlap_guard(eval_dir: str | os.PathLike | None) -> EvalOverlapGuard | None:
+    directory = Path(eval_dir) if eval_dir is not None else default_eval_dir()
+    if not directory.is_dir():
+        if eval_dir is not None:
+            raise FileNotFoundError(f"evaluation folder {directory} not found (needed to refuse eval overlap)")
+        logger.warning("no evaluation folder at %s: cannot check calibration prompts for eval overlap", directory)
+        return None
+    return EvalOverlapGuard.from_dir(directory)
+
+
+def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | None = None,
+                   num_prompts: int | None = None) -> CalibrationRun:
+    """STS on recorded rounds (the offline half of :func:`calibrate`)."""
+    if not trace.has_confidence:
+        raise ValueError("no confidence logits in the rounds: STS needs a drafter with a confidence head "
+                         "(use_confidence_head=True)")
+    temps = fit_sts(trace.confidence_logits, trace.num_accepted, trace.num_proposed, grid=grid)
+    report = calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps)
+    return CalibrationRun(temps, report, trace, serving_temperature, num_prompts)
+
+
+def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, temperature: float = 1.0,
+              max_new_tokens: int = 256, batch_size: int = 1, seed: int = 0,
+              eval_dir: str | os.PathLike | None = None, grid=None, progress: bool = True) -> CalibrationRun:
+    """Record held-out rounds at the serving ``temperature`` and fit STS temperatures.
+
+    ``prompts`` are checked against the evaluation prompts in ``eval_dir`` (default: the shared eval folder)
+    and refused on overlap. The drafter is not modified: pass the result to :func:`save_calibrated`, or set
+    ``drafter.config.confidence_temperatures = run.temperatures`` to use it in memory."""
+    if drafter.confidence_head is None:
+        raise ValueError("this drafter has no confidence head, so there is nothing to calibrate "
+                         "(DFlash-style drafters verify every draft)")
+    prompts = [p if isinstance(p, Prompt) else Prompt((str(p),)) for p in prompts]
+    if not prompts:
+        raise ValueError("calibration needs at least one held-out prompt")
+    guard = _overlap_guard(eval_dir)
+    if guard is not None:
+        guard.raise_if_overlapping(prompts)
+    trace = record_rounds(target, tokenizer, drafter, [p.first_turn for p in prompts], temperature=temperature,
+                          max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, tag="calibration",
+                          progress=progress)
+    if not len(trace):
+        raise ValueError("the calibration prompts produced no verification rounds; raise max_new_tokens")
+    logger.info("calibration: %d rounds from %d prompts at T=%g (tau %.2f)", len(trace), len(prompts), temperature,
+                trace.tau)
+    return fit_from_trace(trace, grid=grid, serving_temperature=temperature, num_prompts=len(prompts))
+
+
+def save_calibrated(drafter, run: CalibrationRun, out_dir: str | os.PathLike, plots: bool = True) -> dict[str, str]:
+    """Save the drafter with ``confidence_temperatures = run.temperatures`` to ``out_dir`` (the passed drafter is
+    left as it was), plus calibration.md / .json, rounds.npz and reliability.png."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = drafter.config.confidence_temperatures
+    drafter.config.confidence_temperatures = list(run.temperatures)
+    try:
+        drafter.save_pretrained(out)
+    finally:
+        drafter.config.confidence_temperatures = saved
+    written = {"drafter": out, "markdown": out / "calibration.md", "json": out / "calibration.json"}
+    written["markdown"].write_text(run.to_markdown(), encoding="utf-8")
+    written["json"].write_text(json.dumps(to_json_safe(run.to_dict()), indent=2), encoding="utf-8")
+    written["rounds"] = run.trace.save(out / "calibration_rounds.npz")
+    if plots:
+        written["reliability"] = write_reliability(run.report, out / "reliability.png",
+                                                   title=f"STS calibration, T={run.serving_temperature}")
+    logger.info("calibrated drafter written to %s (temperatures %s)", out,
+                " ".join(f"{t:.3f}" for t in run.temperatures))
+    return {k: str(v) for k, v in written.items()}
+
+
+__all__ = ["CalibrationRun", "calibrate", "fit_from_trace", "held_out_prompts", "save_calibrated"]
