@@ -430,13 +430,25 @@ def _speculators_config(raw: dict, target) -> DSparkConfig:
     use_confidence = _use_confidence_head(bool(raw.get("enable_confidence_head", kind == "dspark")),
                                           bool(raw.get("confidence_head_with_markov", True)), rank)
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
-    num_target_layers = _num_layers(target)
+    extras = _hf_dspark_fields(raw)
+    stored_num_target_layers = extras.pop("num_target_layers", None)
+    num_target_layers = _num_layers(target) or stored_num_target_layers
     return DSparkConfig(
         target_config=_target_text_config(layer, num_target_layers), num_hidden_layers=int(layer["num_hidden_layers"]),
         target_layer_ids=layer_ids, num_target_layers=num_target_layers, block_size=int(raw.get("block_size", 8)),
         mask_token_id=int(raw["mask_token_id"]),
         sequential_head=_sequential_head(rank, raw.get("markov_head_type", "vanilla")), markov_rank=rank,
-        use_confidence_head=use_confidence, target_name_or_path=verifier.get("name_or_path"))
+        use_confidence_head=use_confidence, target_name_or_path=verifier.get("name_or_path"), **extras)
+
+
+# Settings speculators has no field for, stored by hf_dspark.hub.export under "hf_dspark" (vLLM ignores the block).
+_HF_DSPARK_FIELDS = ("num_target_layers", "target_embedding_signature", "confidence_temperatures",
+                     "confidence_threshold", "sequential_top_k")
+
+
+def _hf_dspark_fields(raw: dict) -> dict:
+    block = raw.get("hf_dspark") or {}
+    return {key: block[key] for key in _HF_DSPARK_FIELDS if block.get(key) is not None}
 
 
 def _raise_if_reduced_vocab(vocab: int | None, tensors: dict[str, TensorInfo], draft_vocab: int | None = None) -> None:

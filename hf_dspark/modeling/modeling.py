@@ -265,6 +265,15 @@ class DSparkDraftModel(PreTrainedModel):
     def _from_pretrained_native(cls, path, *args, **kwargs) -> "DSparkDraftModel":
         return super().from_pretrained(path, *args, **kwargs)
 
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload config, safetensors and a generated model card (README.md); see ``hf_dspark.hub.push_to_hub``.
+
+        Replaces transformers' version, which would write a generic card over ours.
+        """
+        from ..hub import push_to_hub  # lazy: hub builds on modeling, not the other way round
+
+        return push_to_hub(self, repo_id, **kwargs)
+
     def bind_target(self, target) -> "DSparkDraftModel":
         """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit.
 

@@ -1,0 +1,19 @@
+"""Sharing drafters: Hub uploads with generated model cards, and export to the speculators / vLLM format."""
+
+from .export import SpeculatorsExportError, convert_checkpoint, save_as_speculators, speculators_export_problems
+from .model_card import DraftCardInfo, read_calibration, read_evaluation, render_model_card, summarize_training
+from .upload import push_to_hub, save_for_hub
+
+__all__ = [
+    "DraftCardInfo",
+    "SpeculatorsExportError",
+    "convert_checkpoint",
+    "push_to_hub",
+    "read_calibration",
+    "read_evaluation",
+    "render_model_card",
+    "save_as_speculators",
+    "save_for_hub",
+    "speculators_export_problems",
+    "summarize_training",
+]

@@ -1,0 +1,227 @@
+"""Export a drafter to the speculators format (what vLLM's DSpark method loads) and convert between formats.
+
+This is the way past one machine: train and evaluate with hf-dspark, serve at scale with vLLM. What is written
+(speculators ``DSparkSpeculatorConfig``; vLLM reads it through its speculators config loader):
+
+- ``config.json``: ``speculators_model_type: "dspark"``, ``speculators_config`` (algorithm, one greedy proposal
+  method with ``speculative_tokens = block_size``, the verifier), ``transformer_layer_config`` (the target's text
+  config with ``num_hidden_layers`` = draft layers, all full attention), ``draft_vocab_size`` (the full vocabulary),
+  ``block_size``, ``target_hidden_size``, ``aux_hidden_state_layer_ids``, ``mask_token_id``,
+  ``sample_from_anchor: true``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``,
+  ``confidence_head_with_markov: true``; plus an ``hf_dspark`` block (calibration, top-k, target identity) that
+  speculators and vLLM ignore and our reader restores, so a round trip loses nothing.
+- ``model.safetensors``: our tensor names, which are speculators' names. The target's embedding and LM head are
+  left out by default (vLLM shares the target's own when they are absent).
+
+Conventions (SPEC §6, ``modeling/dialects.py``): speculators stores ``hidden_states`` indices, so
+``aux_hidden_state_layer_ids`` = our 0-based decoder-layer ids + 1; ``sample_from_anchor: true`` is our block
+convention (slot k of [anchor, MASK × (γ-1)] predicts position p+k+1).
+
+What the format or vLLM cannot express exactly is refused with :class:`SpeculatorsExportError` rather than written
+for vLLM to misread: speculators and vLLM build every draft layer as a Qwen3 layer (per-head q/k RMSNorm, one
+``attention_bias`` for q/k/v/o, bias-free MLP), so only drafters of Qwen3-family targets export; a DFlash drafter
+(no sequential head) follows our anchor convention, which vLLM's ``dflash`` method does not; and vLLM's DSpark
+runtime implements only the vanilla Markov head (gated / rnn need ``vllm_servable=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..modeling.configuration import DSparkConfig
+
+logger = logging.getLogger(__name__)
+
+SPECULATORS_MODEL_TYPE = "dspark"
+# The speculators release whose DSpark config this layout follows (vllm-project/speculators v0.7).
+SPECULATORS_VERSION = "0.7.0"
+HF_DSPARK_KEY = "hf_dspark"
+_HEAD_TYPES = {"markov": "vanilla", "gated": "gated", "rnn": "rnn"}
+_VLLM_HEAD_TYPES = ("vanilla",)
+# Every tensor name speculators' DSpark model (Qwen3 DFlash backbone + heads) defines, minus the target's.
+_SPECULATORS_TENSORS = re.compile(
+    r"(fc|hidden_norm|norm)\.weight"
+    r"|layers\.\d+\.(self_attn\.[qkvo]_proj\.(weight|bias)|self_attn\.[qk]_norm\.weight"
+    r"|mlp\.(gate|up|down)_proj\.weight|(input|post_attention)_layernorm\.weight)"
+    r"|markov_head\.(markov_w1|markov_w2)\.weight|markov_head\.(gate_proj|joint_proj)\.(weight|bias)"
+    r"|confidence_head\.proj\.(weight|bias)")
+
+
+class SpeculatorsExportError(ValueError):
+    """The drafter cannot be written in the speculators format without changing what vLLM would compute."""
+
+
+# -------------------------------------------------------------------------------------------------------
+# What can be exported
+# -------------------------------------------------------------------------------------------------------
+def _layer_family_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
+    if config.target_family == "qwen3":
+        return None
+    return (f"its draft layers follow its {config.target_family!r} target (no per-head q/k RMSNorm), but speculators "
+            "and vLLM build every DSpark draft layer as a Qwen3 layer with q/k norms, so vLLM would run different "
+            "layers than the ones trained. Only drafters of Qwen3-family targets can be exported; serve this one "
+            "with hf-dspark (target.generate(..., assistant_model=draft)).")
+
+
+def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
+    if config.sequential_head == "none":
+        return ("it is a DFlash drafter (sequential_head='none') using hf-dspark's anchor convention (the anchor slot "
+                "predicts too); vLLM's 'dflash' method expects sample_from_anchor=false and its 'dspark' method needs "
+                "a Markov head, so no vLLM method would read it exactly.")
+    if vllm_servable and _HEAD_TYPES[config.sequential_head] not in _VLLM_HEAD_TYPES:
+        return (f"its sequential head is {config.sequential_head!r}, and vLLM's DSpark runtime implements only the "
+                "vanilla Markov head (sequential_head='markov'). Pass vllm_servable=False (CLI: --no-vllm-check) to "
+                "write it anyway for the speculators library.")
+    return None
+
+
+# Each check returns a reason (completing "cannot be exported: ...") or None; add new limits here.
+EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_layer_family_problem, _head_problem]
+
+
+def speculators_export_problems(config: DSparkConfig, vllm_servable: bool = True) -> list[str]:
+    """Why ``config``'s drafter cannot be exported exactly (empty when it can)."""
+    return [reason for check in EXPORT_CHECKS if (reason := check(config, vllm_servable)) is not None]
+
+
+def _raise_if_not_exportable(draft, vllm_servable: bool) -> None:
+    problems = speculators_export_problems(draft.config, vllm_servable)
+    if problems:
+        raise SpeculatorsExportError("This drafter cannot be exported to the speculators format: "
+                                     + " Also, ".join(problems))
+    unknown = sorted(name for name in draft.state_dict() if not _SPECULATORS_TENSORS.fullmatch(name))
+    if unknown:
+        raise SpeculatorsExportError(f"This drafter has tensors {unknown[:8]} that speculators' DSpark model has no "
+                                     "parameter for; it cannot be exported exactly.")
+
+
+# -------------------------------------------------------------------------------------------------------
+# Config
+# -------------------------------------------------------------------------------------------------------
+def _transformer_layer_config(config: DSparkConfig, dtype: torch.dtype) -> dict:
+    """The target's text config reshaped into speculators' draft-layer config (num_hidden_layers = draft layers)."""
+    layer = dict(config.target_config)
+    layer.update(model_type=config.target_family, num_hidden_layers=config.num_hidden_layers,
+                 layer_types=["full_attention"] * config.num_hidden_layers, use_sliding_window=False,
+                 max_window_layers=config.num_hidden_layers, dtype=str(dtype).removeprefix("torch."))
+    return layer
+
+
+def _hf_dspark_block(config: DSparkConfig) -> dict:
+    """Our settings speculators has no field for; ``dialects.py`` reads them back (vLLM ignores them)."""
+    from .. import __version__
+
+    return {"hf_dspark_version": __version__, "num_target_layers": config.num_target_layers,
+            "target_name_or_path": config.target_name_or_path,
+            "target_embedding_signature": config.target_embedding_signature,
+            "confidence_temperatures": config.confidence_temperatures,
+            "confidence_threshold": config.confidence_threshold, "sequential_top_k": config.sequential_top_k}
+
+
+def speculators_config(config: DSparkConfig, *, dtype: torch.dtype = torch.float32,
+                       verifier_name_or_path: str | None = None,
+                       verifier_architectures: list[str] | None = None) -> dict:
+    """The speculators ``config.json`` for a drafter with ``config`` (see the module docstring)."""
+    proposal = {"proposal_type": "greedy", "speculative_tokens": config.block_size, "verifier_accept_k": 1,
+                "accept_tolerance": 0.0}
+    verifier = {"name_or_path": verifier_name_or_path or config.target_name_or_path,
+                "architectures": list(verifier_architectures or [])}
+    vocab = config.target_config["vocab_size"]
+    return {
+        "architectures": ["DSparkSpeculator"],
+        "speculators_model_type": SPECULATORS_MODEL_TYPE,
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {"algorithm": SPECULATORS_MODEL_TYPE, "proposal_methods": [proposal],
+                               "default_proposal_method": "greedy", "verifier": verifier},
+        "transformer_layer_config": _transformer_layer_config(config, dtype),
+        "draft_vocab_size": vocab,
+        "block_size": config.block_size,
+        "target_hidden_size": config.target_hidden_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # hidden_states index = layer + 1
+        "mask_token_id": config.mask_token_id,
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": True,
+        "markov_rank": config.markov_rank,
+        "markov_head_type": _HEAD_TYPES[config.sequential_head],
+        "enable_confidence_head": bool(config.use_confidence_head),
+        "confidence_head_with_markov": True,
+        "dtype": str(dtype).removeprefix("torch."),
+        HF_DSPARK_KEY: _hf_dspark_block(config),
+    }
+
+
+# -------------------------------------------------------------------------------------------------------
+# Writing
+# -------------------------------------------------------------------------------------------------------
+def _target_tensors(draft) -> dict[str, torch.Tensor]:
+    target = draft.target  # raises a clear error when unbound
+    embed = target.get_input_embeddings().weight.detach()
+    head = target.get_output_embeddings().weight.detach()
+    # safetensors refuses shared storage (tied embeddings): store two copies, as speculators does
+    return {"embed_tokens.weight": embed.clone(), "lm_head.weight": head.clone()}
+
+
+def save_as_speculators(draft, out_dir: str | os.PathLike, *, verifier_name_or_path: str | None = None,
+                        include_target_weights: bool = False, vllm_servable: bool = True) -> Path:
+    """Write ``draft`` as a speculators-format DSpark checkpoint that vLLM loads (``vllm serve out_dir``).
+
+    ``verifier_name_or_path`` defaults to the target the drafter was built for (vLLM pairs the verifier from it).
+    ``include_target_weights`` also stores the target's embedding and LM head (self-contained, larger).
+    ``vllm_servable=False`` allows heads only the speculators library implements (gated / rnn).
+    Raises :class:`SpeculatorsExportError` for drafters the format cannot express exactly.
+    """
+    from safetensors.torch import save_file
+
+    _raise_if_not_exportable(draft, vllm_servable)
+    dtype = next(draft.parameters()).dtype
+    bound = draft._bound_target[0] if draft._bound_target else None
+    architectures = list(getattr(bound.config, "architectures", None) or []) if bound is not None else []
+    config = speculators_config(draft.config, dtype=dtype, verifier_name_or_path=verifier_name_or_path,
+                                verifier_architectures=architectures)
+    if config["speculators_config"]["verifier"]["name_or_path"] is None:
+        logger.warning("The drafter records no target name: `vllm serve` cannot pair the verifier automatically; "
+                       "pass verifier_name_or_path= (CLI: --verifier) or give the target in --speculative-config.")
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in draft.state_dict().items()}
+    if include_target_weights:
+        state.update({name: t.to(dtype).contiguous().cpu() for name, t in _target_tensors(draft).items()})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+    logger.info("Wrote a speculators-format DSpark drafter (%d tensors) to %s", len(state), out)
+    return out
+
+
+def _save_native(draft, out_dir: str | os.PathLike, **kwargs) -> Path:
+    if kwargs:
+        raise TypeError(f"Options {sorted(kwargs)} apply to the speculators format only.")
+    draft.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+# Output formats of convert_checkpoint, by name.
+CHECKPOINT_WRITERS: dict[str, Callable[..., Path]] = {"native": _save_native, "speculators": save_as_speculators}
+
+
+def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "speculators", target=None,
+                       **writer_kwargs) -> Path:
+    """Read a drafter in any format hf-dspark loads (ours, DeepSpec, speculators, SpecForge) and write it as ``to``.
+
+    ``target`` is needed only when the source does not record the target's layer count (some DeepSpec configs)
+    or for ``include_target_weights=True``.
+    """
+    from ..modeling.modeling import DSparkDraftModel
+
+    try:
+        writer = CHECKPOINT_WRITERS[to]
+    except KeyError:
+        raise ValueError(f"to={to!r} is not one of {sorted(CHECKPOINT_WRITERS)}.") from None
+    draft = DSparkDraftModel.from_pretrained(src, target=target)
+    return writer(draft, dst, **writer_kwargs)

@@ -1,0 +1,54 @@
+"""Publishing a drafter: save config + safetensors + generated card, then upload the folder in one commit.
+
+Why not transformers' ``push_to_hub``: it writes a generic card (or keeps the remote one) over any README we save,
+and tags the upload as ``transformers``. Here the card is regenerated from the drafter on every push, so it never
+drifts from the weights it describes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from .model_card import DraftCardInfo, render_model_card
+
+logger = logging.getLogger(__name__)
+
+CARD_NAME = "README.md"
+
+
+def save_for_hub(draft, out_dir: str | os.PathLike, *, info: DraftCardInfo | None = None, repo_id: str | None = None,
+                 tags: list[str] | None = None, template: str | os.PathLike | None = None,
+                 max_shard_size: int | str = "5GB") -> Path:
+    """Write exactly what :func:`push_to_hub` uploads (config.json, safetensors, README.md) to ``out_dir``."""
+    out = Path(out_dir)
+    card = render_model_card(draft, info, repo_id=repo_id, tags=tags, template=template)
+    draft.save_pretrained(out, max_shard_size=max_shard_size)
+    card.save(str(out / CARD_NAME))
+    return out
+
+
+def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commit_message: str | None = None,
+                commit_description: str | None = None, private: bool | None = None, token: bool | str | None = None,
+                revision: str | None = None, create_pr: bool = False, max_shard_size: int | str = "5GB",
+                tags: list[str] | None = None, template: str | os.PathLike | None = None):
+    """Create ``repo_id`` if needed and upload the drafter with its generated model card; returns the CommitInfo.
+
+    The target's embedding and LM head are never uploaded (the drafter uses its target's own).
+    """
+    from huggingface_hub import HfApi
+
+    from .. import __version__
+
+    api = HfApi(library_name="hf-dspark", library_version=__version__, token=token)
+    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    with tempfile.TemporaryDirectory() as tmp:
+        save_for_hub(draft, tmp, info=info, repo_id=repo_id, tags=tags, template=template,
+                     max_shard_size=max_shard_size)
+        logger.info("Uploading %s to %s", sorted(os.listdir(tmp)), repo_id)
+        return api.upload_folder(repo_id=repo_id, folder_path=tmp,
+                                 commit_message=commit_message or "Upload DSpark drafter",
+                                 commit_description=commit_description, token=token, revision=revision,
+                                 create_pr=create_pr)
