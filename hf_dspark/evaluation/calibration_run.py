@@ -49,7 +49,8 @@ class CalibrationRun:
     def to_markdown(self) -> str:
         head = (f"STS calibration on {len(self.trace)} held-out rounds ({self.num_prompts} prompts, serving "
                 f"T={self.serving_temperature}); ECE/AUC of the joint survival a_k = Π σ(z_i/T_i) per position.")
-        return head + "\n\n" + calibration_table({"calibration": self.report}) + "\n"
+        label = "held-out" if self.serving_temperature is None else f"T={self.serving_temperature:g}"
+        return head + "\n\n" + calibration_table({label: self.report}) + "\n"
 
 
 def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Prompt]:

@@ -109,7 +109,7 @@ def _sweep_table(result) -> str | None:
 
 def calibration_table(reports: dict[str, list[PositionCalibration]]) -> str:
     """One row per (label, position): rounds, realised prefix acceptance, ECE and AUC raw vs STS, T_k."""
-    header = ["drafter / T", "position", "rounds", "acceptance", "ECE raw", "ECE STS", "AUC raw", "AUC STS", "T_k"]
+    header = ["run", "position", "rounds", "acceptance", "ECE raw", "ECE STS", "AUC raw", "AUC STS", "T_k"]
     rows = []
     for label, report in reports.items():
         for p in report:
