@@ -271,6 +271,9 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
     """Evaluate one drafter, or several given as ``{name: drafter}`` (e.g. DSpark vs DFlash), on the benchmarks.
 
     ``max_samples`` lowers every benchmark's cap (CPU runs); ``sample_caps`` overrides caps per benchmark.
+    Each call is seeded with ``seed + index of its first prompt`` (per prompt at batch size 1, as DeepSpec).
+    The drafters run at confidence threshold 0 (their setting is restored afterwards); other thresholds are
+    derived from those rounds by :func:`threshold_sweep`.
     With ``measure_speedup`` each batch also runs through plain ``target.generate`` (same prompts, seed,
     dtype and settings) right before the speculative runs, so both see the same machine load."""
     named = _named_drafters(drafter)
