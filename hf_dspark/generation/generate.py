@@ -28,7 +28,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..metrics import DSparkStats
 from ..modeling.modeling import DraftCache
 from ..modeling.target_taps import TargetFeatureTap
-from .processing import RowLogitsProcessor
+from .processing import RowLogitsProcessor, adapt_for_rows
 from .ragged_batch import cache_kwarg, crop_trailing_holes
 from .verification import verify
 
@@ -57,8 +57,9 @@ def _raise_if_unsupported(model, generation_config, cache) -> None:
 class _Rows:
     """Per-row bookkeeping of a ragged speculative batch (python lists: rows diverge every round)."""
 
-    def __init__(self, input_ids: torch.Tensor, pad_token_id: int):
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int):
         self.prompt_rows = list(input_ids)  # left-padded prompt rows, as plain batched generate sees them
+        self.num_pad = (attention_mask.cumsum(-1) == 0).sum(-1).tolist()  # leading padding per row
         self.generated: list[list[int]] = [[] for _ in self.prompt_rows]
         self.scores: list[list[torch.Tensor]] = [[] for _ in self.prompt_rows]
         self.raw_logits: list[list[torch.Tensor]] = [[] for _ in self.prompt_rows]
@@ -69,6 +70,11 @@ class _Rows:
         """Row's sequence as plain batched generate would hold it: padded prompt + generated so far."""
         gen = torch.tensor(self.generated[row], dtype=torch.long, device=self.prompt_rows[row].device)
         return torch.cat([self.prompt_rows[row], gen])
+
+    def own_view(self, row: int) -> torch.Tensor:
+        """The row's own tokens, without the batch's left padding: what logits processors see when the row is
+        generated alone (a repetition penalty must not count padding as repeated content)."""
+        return self.view(row)[self.num_pad[row]:]
 
     def sequences(self) -> torch.Tensor:
         width = max(len(g) for g in self.generated)
@@ -100,8 +106,13 @@ def _sample_or_argmax(logits: torch.Tensor, do_sample: bool, generator) -> torch
 
 def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
                   generation_config=None, dspark_drafter=None, dspark_streamer=None, dspark_generator=None,
-                  dspark_recorder=None, tokenizer=None, **model_kwargs):
+                  dspark_recorder=None, dspark_num_tokens: int | None = None,
+                  dspark_confidence_threshold: float | None = None, tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
+
+    ``dspark_num_tokens`` fixes the drafts proposed per round (≤ block size; default: the whole block) and
+    ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose calibrated confidence is below
+    it (default: the drafter config's ``confidence_threshold``); both are plain ``generate`` keyword arguments.
 
     ``dspark_recorder`` (optional, e.g. ``evaluation.recorder.RoundRecorder``) gets
     ``observe_round(num_proposed [B], num_accepted [B], num_committed [B], confidence_logits [B, γ] | None)``
@@ -127,7 +138,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     device = input_ids.device
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask.to(torch.long)
-    rows = _Rows(input_ids, pad_id)
+    rows = _Rows(input_ids, mask, pad_id)
+    row_processors = adapt_for_rows(logits_processor, rows.num_pad)  # per original row, for unpadded views
     if dspark_streamer is not None:
         if bsz > 1:
             raise ValueError("Streamers support batch size 1 only (as in transformers).")
@@ -140,7 +152,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                     logits_to_keep=1, **{cache_name: cache})
         raw = out.logits[:, -1].float()
-        processed = RowLogitsProcessor(logits_processor, rows.prompt_rows)(input_ids[:, :0], raw.clone())
+        processed = RowLogitsProcessor(row_processors, [rows.own_view(b) for b in range(bsz)])(
+            input_ids[:, :0], raw.clone())
         first = _sample_or_argmax(processed, do_sample, dspark_generator)
         draft_cache = drafter.extend_context(DraftCache(), tap.features(), positions, mask.bool())
         stats.prefill_seconds += time.perf_counter() - start
@@ -160,15 +173,15 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
 
         while len(active):
             act = active.tolist()
-            prefixes = [rows.view(b) for b in act]  # ends with the anchor
-            # slot k of the draft and position k of the verify pass see the same ids: prefix + drafts[:k]
-            processor = RowLogitsProcessor(logits_processor, prefixes)
+            prefixes = [rows.view(b) for b in act]  # padded view, ends with the anchor (length limits use it)
+            # slot k of the draft and position k of the verify pass see the same ids: own prefix + drafts[:k]
+            processor = RowLogitsProcessor([row_processors[b] for b in act], [rows.own_view(b) for b in act])
             # -- draft ----------------------------------------------------------------------------------
             start = time.perf_counter()
             budget = torch.tensor([max_length - len(p) for p in prefixes], device=device)  # tokens still allowed
             block = drafter.draft_block(draft_cache, anchor, anchor_pos, do_sample=do_sample,
-                                        logits_processor=processor,
-                                        generator=dspark_generator)
+                                        logits_processor=processor, generator=dspark_generator,
+                                        num_tokens=dspark_num_tokens, confidence_threshold=dspark_confidence_threshold)
             num_drafts = torch.minimum(block.num_drafts, (budget - 1).clamp(min=0))
             width = int(num_drafts.max()) + 1
             drafts = block.tokens[:, :width - 1]

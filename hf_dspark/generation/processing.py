@@ -8,11 +8,14 @@ own sequence, so the processed logits equal what plain generation of that row co
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
     EtaLogitsWarper,
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -26,12 +29,45 @@ _IDS_INDEPENDENT = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
                     TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
 
 
-class RowLogitsProcessor:
-    """``processors`` bound to per-row prefixes: ``self(tail_ids [B, k], logits [B, V])`` processes row b's
-    logits with input ids ``prefixes[b] + tail_ids[b]``."""
+def _unpadded_repetition_penalty(processor: RepetitionPenaltyLogitsProcessor, num_pad: int):
+    # generate() gives it the batch's left-padding lengths so padding is not penalised; our rows are unpadded
+    if isinstance(processor.prompt_ignore_length, torch.Tensor):
+        processor = copy.copy(processor)
+        processor.prompt_ignore_length = None
+    return processor
 
-    def __init__(self, processors: LogitsProcessorList | None, prefixes: Sequence[torch.Tensor]):
-        self.processors = processors or LogitsProcessorList()
+
+def _unpadded_min_new_tokens(processor: MinNewTokensLengthLogitsProcessor, num_pad: int):
+    # generate() counts new tokens from the padded prompt length; an unpadded row's prompt is num_pad shorter
+    processor = copy.copy(processor)
+    processor.prompt_length_to_skip = processor.prompt_length_to_skip - num_pad
+    return processor
+
+
+# Processors whose state depends on the batch's padding -> their form for one unpadded row.
+_ROW_ADAPTERS = {RepetitionPenaltyLogitsProcessor: _unpadded_repetition_penalty,
+                 MinNewTokensLengthLogitsProcessor: _unpadded_min_new_tokens}
+
+
+def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int]) -> list[LogitsProcessorList]:
+    """For each row, the processors generate() prepared for the padded batch, rewritten for that row alone."""
+    processors = processors or LogitsProcessorList()
+    return [LogitsProcessorList(_ROW_ADAPTERS[type(p)](p, pad) if type(p) in _ROW_ADAPTERS else p for p in processors)
+            for pad in num_pad]
+
+
+class RowLogitsProcessor:
+    """Per-row processors bound to per-row prefixes: ``self(tail_ids [B, k], logits [B, V])`` processes row b's
+    logits with ``processors[b]`` and input ids ``prefixes[b] + tail_ids[b]``. ``processors`` is one list per row
+    (see :func:`adapt_for_rows`) or a single list shared by all rows."""
+
+    def __init__(self, processors, prefixes: Sequence[torch.Tensor]):
+        if processors is None or isinstance(processors, LogitsProcessorList):
+            self.processors = processors or LogitsProcessorList()
+            self.row_processors = None  # one list shared by every row
+        else:
+            self.row_processors = list(processors)
+            self.processors = self.row_processors[0] if self.row_processors else LogitsProcessorList()
         self.prefixes = prefixes
         self.is_identity = len(self.processors) == 0
         self.ids_independent = all(isinstance(p, _IDS_INDEPENDENT) for p in self.processors)
@@ -43,8 +79,8 @@ class RowLogitsProcessor:
             return self.processors(tail_ids, logits)
         rows = []
         for b, prefix in enumerate(self.prefixes):
-            ids = torch.cat([prefix, tail_ids[b]])[None]
-            rows.append(self.processors(ids, logits[b:b + 1]))
+            processors = self.processors if self.row_processors is None else self.row_processors[b]
+            rows.append(processors(torch.cat([prefix, tail_ids[b]])[None], logits[b:b + 1]))
         return torch.cat(rows, dim=0)
 
     def process_positions(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

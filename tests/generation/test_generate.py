@@ -198,3 +198,35 @@ def test_static_cache_is_refused(target, draft, references):
     with pytest.raises(ValueError, match="DynamicCache"):
         target.generate(references[0][0][None], max_new_tokens=4, assistant_model=draft,
                         cache_implementation="static")
+
+
+def test_processors_reading_ids_match_plain(target, draft, references):
+    """Repetition penalty and no-repeat-n-gram read each row's ids: drafts and verification must see the same."""
+    prompts, _ = references
+    kwargs = dict(max_new_tokens=20, repetition_penalty=1.5, no_repeat_ngram_size=3)
+    expected = [plain_greedy(target, p, **kwargs) for p in prompts[:6]]
+    got = speculative_rows(target, draft, prompts[:6], 3, **kwargs)
+    for g, e in zip(got, expected):
+        assert strip_pad(g, e) == e
+
+
+def test_fixed_length_and_confidence_threshold(target, draft, references):
+    prompt = references[0][0]
+    expected = plain_greedy(target, prompt, max_new_tokens=16)
+    out = target.generate(prompt[None], do_sample=False, max_new_tokens=16, assistant_model=draft, dspark_num_tokens=2)
+    assert out[0, len(prompt):].tolist() == expected
+    assert max(j for j, n in enumerate(draft.stats.proposed_at) if n) == 1  # never more than 2 drafts a round
+    out = target.generate(prompt[None], do_sample=False, max_new_tokens=16, assistant_model=draft,
+                          dspark_confidence_threshold=1.01)  # nothing is that confident: plain decoding steps
+    assert out[0, len(prompt):].tolist() == expected
+    assert draft.stats.proposed_tokens == 0
+
+
+def test_min_new_tokens_in_a_padded_batch_matches_each_row_alone(target, draft, references):
+    prompts, expected_long = references
+    eos = expected_long[0][3]
+    kwargs = dict(max_new_tokens=14, min_new_tokens=6, eos_token_id=eos, pad_token_id=0)
+    expected = [plain_greedy(target, p, **kwargs) for p in prompts[:4]]
+    got = speculative_rows(target, draft, prompts[:4], 4, **kwargs)
+    for g, e in zip(got, expected):
+        assert g[: len(e)] == e and all(t == 0 for t in g[len(e):])
