@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The recipe behind the shipped SmolLM2-135M-Instruct drafter, end to end and resumable (rerun to continue).
+#   1. the target answers synthesised prompts            (scripts/regenerate_smollm2.py -> data/smollm2/train.jsonl)
+#   2. target cache of all but the last HOLDOUT records  (those stay unseen for STS calibration)
+#   3. DSpark and DFlash drafters: identical data, steps, backbone and seed
+#   4. STS calibration of the DSpark drafter on the held-out records
+# Sizes are set for a 2-core CPU session; raise STEPS / data on bigger machines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+STEPS=${STEPS:-240}
+MAX_MINUTES=${MAX_MINUTES:-25}
+HOLDOUT=${HOLDOUT:-32}
+ANCHORS=${ANCHORS:-32}
+THREADS=${THREADS:-2}
+RUNS=${RUNS:-runs}
+
+if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
+  $PY scripts/regenerate_smollm2.py --out data/smollm2 --num-magpie 0
+fi
+N=$(wc -l < data/smollm2/train.jsonl)
+$PY scripts/build_target_cache.py --data data/smollm2/train.jsonl --out "$RUNS/cache/smollm2" \
+    --limit $((N - HOLDOUT)) --max-length 1024 --batch-size 8 --threads "$THREADS"
+for head in markov none; do
+  $PY scripts/train_drafter.py --cache "$RUNS/cache/smollm2" --out "$RUNS/smollm2-$head" --head "$head" \
+      --num-layers 1 --block-size 7 --num-anchors "$ANCHORS" --batch-size 4 --steps "$STEPS" \
+      --max-minutes "$MAX_MINUTES" --threads "$THREADS" --save-steps 40 --resume --no-progress
+done
+$PY scripts/calibrate_drafter.py --drafter "$RUNS/smollm2-markov/drafter" --out "$RUNS/smollm2-markov/calibrated" \
+    --prompts data/smollm2/train.jsonl --num-prompts "$HOLDOUT" --max-new-tokens 128 --batch-size 8 \
+    --threads "$THREADS"
+# 5. evaluation: tau per benchmark for both drafters (batched; wall-clock speed is scripts/bench_generate.py, batch 1)
+$PY scripts/eval_drafter.py --drafter "$RUNS/smollm2-markov/calibrated" --baseline-drafter "$RUNS/smollm2-none/drafter" \
+    --out "$RUNS/eval-smollm2" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 1 \
+    --max-samples "${EVAL_SAMPLES:-16}" --max-new-tokens 128 --batch-size 8 --no-speedup --threads "$THREADS"
