@@ -116,3 +116,13 @@ def load_default_drafter(target=None):
     if target is None:
         target, _ = load_default_target()
     return DSparkDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR, target=target).eval()
+
+
+def load_target(path: str | None = None, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)``: the embedded SmolLM2 target when ``path`` is None, else any causal LM dir / hub id."""
+    if path is None:
+        return load_default_target(dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(path)

@@ -16,20 +16,9 @@ import logging
 import torch
 
 from hf_dspark.training.target_cache import MIN_LOSS_TOKENS, STORAGE_DTYPES, build_target_cache, read_jsonl
+from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("build_target_cache")
-
-
-def load_target(path: str | None, dtype: torch.dtype = torch.float32):
-    """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
-    if path is None:
-        from hf_dspark import load_default_target
-
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def main() -> None:

@@ -21,21 +21,10 @@ import torch
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.evaluation.calibration_run import calibrate, held_out_prompts, save_calibrated
+from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("calibrate_drafter")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_target(path: str | None, dtype: torch.dtype = torch.float32):
-    """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
-    if path is None:
-        from hf_dspark import load_default_target
-
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

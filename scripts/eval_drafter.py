@@ -20,21 +20,10 @@ import torch
 from hf_dspark import DSparkDraftModel
 from hf_dspark.evaluation.benchmarks import DEEPSPEC_SEED, DEFAULT_BENCHMARKS
 from hf_dspark.evaluation.harness import DEFAULT_THRESHOLDS, drafter_label, evaluate
+from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("eval_drafter")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_target(path: str | None, dtype: torch.dtype = torch.float32):
-    """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
-    if path is None:
-        from hf_dspark import load_default_target
-
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def load_drafters(paths: list[str], names: list[str] | None, target) -> dict[str, DSparkDraftModel]:

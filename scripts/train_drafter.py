@@ -22,20 +22,9 @@ from hf_dspark import DSparkDraftModel
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.target_cache import TargetCacheDataset, validate_manifest
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator, steps_for_epochs
+from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("train_drafter")
-
-
-def load_target(path: str | None, dtype: torch.dtype = torch.float32):
-    """The embedded SmolLM2 target by default, else any causal LM directory / hub id."""
-    if path is None:
-        from hf_dspark import load_default_target
-
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
