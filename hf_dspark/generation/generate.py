@@ -173,12 +173,13 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
 
         while len(active):
             act = active.tolist()
-            prefixes = [rows.view(b) for b in act]  # padded view, ends with the anchor (length limits use it)
             # slot k of the draft and position k of the verify pass see the same ids: own prefix + drafts[:k]
             processor = RowLogitsProcessor([row_processors[b] for b in act], [rows.own_view(b) for b in act])
             # -- draft ----------------------------------------------------------------------------------
             start = time.perf_counter()
-            budget = torch.tensor([max_length - len(p) for p in prefixes], device=device)  # tokens still allowed
+            # tokens still allowed, counted on the padded view as max_length is (no tensor built per row)
+            budget = torch.tensor([max_length - len(rows.prompt_rows[b]) - len(rows.generated[b]) for b in act],
+                                  device=device)
             block = drafter.draft_block(draft_cache, anchor, anchor_pos, do_sample=do_sample,
                                         logits_processor=processor, generator=dspark_generator,
                                         num_tokens=dspark_num_tokens, confidence_threshold=dspark_confidence_threshold)
