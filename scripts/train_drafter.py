@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from hf_dspark import DSparkDraftModel
+from hf_dspark.training.draft_vocabulary import count_answer_tokens, coverage, most_frequent_tokens
 from hf_dspark.training.losses import LossConfig
-from hf_dspark.training.target_cache import TargetCacheDataset, validate_manifest
+from hf_dspark.training.target_cache import TargetCacheDataset, validate_manifest, write_target_logsumexp
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator, steps_for_epochs
 from hf_dspark.embedded import load_target
 
@@ -38,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--block-size", type=int, default=7)
     model.add_argument("--markov-rank", type=int, default=128,
                        help="rank of W1/W2 (128 keeps a SmolLM2 drafter under 40 MB in bf16)")
+    model.add_argument("--draft-vocab-size", type=int, default=None,
+                       help="propose only the N most frequent answer tokens of the cache (default: full vocabulary)")
     length = p.add_argument_group("length (--steps or --epochs sets the schedule; --max-minutes only stops early)")
     length.add_argument("--steps", type=int, default=None)
     length.add_argument("--epochs", type=float, default=None)
@@ -77,11 +80,28 @@ def main(argv=None) -> None:
     accelerator = make_accelerator(args.mixed_precision)
     dataset = TargetCacheDataset(args.cache)
     target, _ = load_target(args.target)
+    draft_vocab = None
+    if args.draft_vocab_size:
+        vocab = target.config.get_text_config().vocab_size
+        counts = count_answer_tokens(args.cache, vocab)
+        eos = target.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        draft_vocab = most_frequent_tokens(counts, args.draft_vocab_size, always_include=eos)
+        logger.info("Draft vocabulary: %d of %d tokens, covering %.2f%% of the cached answer tokens "
+                    "(%d distinct tokens occur)", len(draft_vocab), vocab, 100 * coverage(counts, draft_vocab),
+                    int((counts > 0).sum()))
     torch.manual_seed(args.seed)  # the drafter's initialisation
     drafter = DSparkDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
                                            head=args.head, markov_rank=args.markov_rank,
-                                           target_layer_ids=dataset.manifest["target_layer_ids"])
+                                           target_layer_ids=dataset.manifest["target_layer_ids"],
+                                           draft_vocab=draft_vocab)
     validate_manifest(dataset.manifest, drafter.config)
+    if draft_vocab is not None and not dataset.has_logsumexp:
+        # the reduced-vocabulary loss reads the target's log-normaliser from disk instead of a full-vocab product
+        if accelerator.is_main_process:
+            write_target_logsumexp(args.cache, drafter.compute_logits, progress=not args.no_progress)
+        accelerator.wait_for_everyone()
+        dataset = TargetCacheDataset(args.cache)
     overrides = {k: v for k, v in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight),
                                    ("confidence_weight", args.confidence_weight)) if v is not None}
     loss = LossConfig.for_head(args.head, decay=args.decay, chunk_blocks=args.chunk_blocks, **overrides)

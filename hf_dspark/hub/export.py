@@ -82,8 +82,17 @@ def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
     return None
 
 
+def _draft_vocab_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
+    if config.draft_vocab_size is None:
+        return None
+    return (f"it proposes a reduced draft vocabulary ({config.draft_vocab_size} of "
+            f"{config.target_config.get('vocab_size')} tokens), and speculators' DSpark model predicts the full "
+            "target vocabulary (no d2t mapping). Train with the full vocabulary to export.")
+
+
 # Each check returns a reason (completing "cannot be exported: ...") or None; add new limits here.
-EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_layer_family_problem, _head_problem]
+EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_layer_family_problem, _head_problem,
+                                                                    _draft_vocab_problem]
 
 
 def speculators_export_problems(config: DSparkConfig, vllm_servable: bool = True) -> list[str]:

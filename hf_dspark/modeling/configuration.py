@@ -57,6 +57,11 @@ class DSparkConfig(PretrainedConfig):
         sequential_top_k (`int`, defaults to 64): at inference the sequential bias B_k is evaluated only on the
             top-k tokens of the base logits U_k and q_k is defined on that support. Still lossless (q is what
             drafts are sampled from) and ~V/k times cheaper than the full V×r product. `0` = full vocabulary.
+        draft_vocab_size (`int`, defaults to `None`): the drafter proposes only this many target tokens (the
+            most frequent ones in its training data; ids in the `draft_to_target` buffer). The drafter's LM head
+            (a row slice of the target's) and W2 shrink V/V' times, which dominates drafting and training cost on
+            CPU. Lossless: q is 0 outside the draft vocabulary and verification handles that. `None` = the full
+            target vocabulary.
         target_name_or_path (`str`): the target this drafter was built for (informational; checked softly).
         target_embedding_signature (`list[float]`): norms of a few target embedding rows, used to refuse a
             different target with identical shapes.
@@ -78,6 +83,7 @@ class DSparkConfig(PretrainedConfig):
         confidence_temperatures: list[float] | None = None,
         confidence_threshold: float = 0.0,
         sequential_top_k: int = 64,
+        draft_vocab_size: int | None = None,
         target_name_or_path: str | None = None,
         target_embedding_signature: list[float] | None = None,
         hf_dspark_version: str | None = None,
@@ -103,6 +109,7 @@ class DSparkConfig(PretrainedConfig):
         self.confidence_temperatures = list(confidence_temperatures) if confidence_temperatures else None
         self.confidence_threshold = confidence_threshold
         self.sequential_top_k = sequential_top_k
+        self.draft_vocab_size = draft_vocab_size
         self.target_name_or_path = target_name_or_path
         self.target_embedding_signature = target_embedding_signature
         self.hf_dspark_version = hf_dspark_version or _version()
@@ -146,10 +153,18 @@ class DSparkConfig(PretrainedConfig):
         if self.confidence_temperatures is not None and len(self.confidence_temperatures) != self.block_size:
             raise ValueError(f"confidence_temperatures has {len(self.confidence_temperatures)} entries; "
                              f"it needs one per draft position (block_size={self.block_size}).")
+        if self.draft_vocab_size is not None and not (
+                1 <= self.draft_vocab_size <= (vocab if vocab is not None else self.draft_vocab_size)):
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={vocab}].")
         if self.sequential_top_k < 0:
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
 
     # -- derived ------------------------------------------------------------------------------------------
+    @property
+    def num_draft_tokens(self) -> int:
+        """Rows of the drafter's output distribution (the draft vocabulary)."""
+        return self.draft_vocab_size or self.target_config["vocab_size"]
+
     @property
     def target_family(self) -> str:
         return self.target_config.get("model_type", "llama")

@@ -22,13 +22,17 @@ HeadState = torch.Tensor | None
 
 
 class SequentialHead(nn.Module):
-    """Base: the low-rank bigram tables W1 (prev token → r) and W2 (r → vocab)."""
+    """Base: the low-rank bigram tables W1 (prev token → r) and W2 (r → draft vocabulary).
 
-    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
+    W1 is indexed by target token ids (the previous token can be any token the target emitted); W2 has one row
+    per token the drafter can propose (``output_size`` = the draft vocabulary, the target's by default).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int, output_size: int | None = None):
         super().__init__()
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, output_size or vocab_size, bias=False)
 
     def init_state(self, batch_size: int, like: torch.Tensor) -> HeadState:
         return None
@@ -67,8 +71,8 @@ class MarkovHead(SequentialHead):
 class GatedHead(SequentialHead):
     """g = σ(Linear([h_k ; W1[x_{k-1}]])), B_k = W2 · (g ⊙ W1[x_{k-1}])."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
-        super().__init__(hidden_size, vocab_size, rank)
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int, output_size: int | None = None):
+        super().__init__(hidden_size, vocab_size, rank, output_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
     def step(self, hidden, prev_emb, state):
@@ -82,8 +86,8 @@ class GatedHead(SequentialHead):
 class RNNHead(SequentialHead):
     """z = [s_{k-1} ; W1[x_{k-1}] ; h_k] → (gate, cand, out); s_k = σ(gate)s_{k-1} + (1-σ(gate))tanh(cand)."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
-        super().__init__(hidden_size, vocab_size, rank)
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int, output_size: int | None = None):
+        super().__init__(hidden_size, vocab_size, rank, output_size)
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     def init_state(self, batch_size, like):

@@ -171,7 +171,7 @@ class DraftBlock:
     num_drafts: torch.Tensor  # [B] long
     draft_logits: torch.Tensor  # [B, γ, V] processed logits the tokens were drawn from
     draft_probs: torch.Tensor | None  # [B, γ, V]
-    base_logits: torch.Tensor  # [B, γ, V] U_k (no sequential bias, no processors)
+    base_logits: torch.Tensor  # [B, γ, V'] U_k over the draft vocabulary (no sequential bias, no processors)
     hidden: torch.Tensor  # [B, γ, d] final-normed backbone states h_k
     confidence: torch.Tensor | None  # [B, γ] calibrated c_k
     confidence_logits: torch.Tensor | None  # [B, γ] raw logits z_k
@@ -202,8 +202,15 @@ class DSparkDraftModel(PreTrainedModel):
         self.norm = RMSNorm(d, tcfg.rms_norm_eps)
         self.rotary_emb = self.family.rotary_embedding(tcfg)
         vocab = tcfg.vocab_size
-        self.markov_head = (SEQUENTIAL_HEAD_CLASSES[config.sequential_head](d, vocab, config.markov_rank)
+        self.markov_head = (SEQUENTIAL_HEAD_CLASSES[config.sequential_head](d, vocab, config.markov_rank,
+                                                                           config.num_draft_tokens)
                             if config.sequential_head != "none" else None)
+        if config.draft_vocab_size is not None:
+            # draft index -> target token id (ascending); saved with the drafter. set_draft_vocabulary fills it.
+            self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_to_target = None
+        self._draft_head_cache: tuple | None = None
         self.confidence_head = ConfidenceHead(d + config.markov_rank) if config.use_confidence_head else None
         self._bound_target: list[nn.Module] = []  # a list, so the target is not registered as a submodule
         self.post_init()
@@ -218,6 +225,10 @@ class DSparkDraftModel(PreTrainedModel):
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        elif module is self and getattr(self, "draft_to_target", None) is not None:
+            with torch.no_grad():  # placeholder ids; set_draft_vocabulary or the checkpoint provides the real ones
+                self.draft_to_target.copy_(torch.arange(self.config.draft_vocab_size))
+            super()._init_weights(module)
         else:
             # NOTE: transformers builds models on the meta device and restores non-persistent buffers here; without
             # this the rotary inv_freq of a from_pretrained drafter is uninitialised memory.
@@ -230,8 +241,15 @@ class DSparkDraftModel(PreTrainedModel):
     def from_target(cls, target, num_layers: int = 1, block_size: int = 7, head: str = "markov",
                     markov_rank: int = 256, target_layer_ids: list[int] | None = None,
                     mask_token_id: int | None = None, use_confidence_head: bool | None = None,
+                    draft_vocab: Sequence[int] | torch.Tensor | None = None,
                     **config_kwargs) -> "DSparkDraftModel":
-        """A new, randomly initialised drafter shaped for ``target`` and bound to it."""
+        """A new, randomly initialised drafter shaped for ``target`` and bound to it.
+
+        ``draft_vocab``: target token ids the drafter may propose (see ``DSparkConfig.draft_vocab_size``);
+        ``None`` = all of them. :func:`hf_dspark.training.draft_vocabulary.most_frequent_tokens` picks them.
+        """
+        if draft_vocab is not None:
+            config_kwargs["draft_vocab_size"] = len(draft_vocab)
         tcfg = target.config.get_text_config()
         config = DSparkConfig(
             target_config=tcfg.to_dict(), num_hidden_layers=num_layers, block_size=block_size,
@@ -243,7 +261,23 @@ class DSparkDraftModel(PreTrainedModel):
         param = next(target.parameters())
         model = cls(config).to(device=param.device, dtype=param.dtype)
         model._init_final_norm_from(target)
+        if draft_vocab is not None:
+            model.set_draft_vocabulary(draft_vocab)
         return model.bind_target(target)
+
+    @torch.no_grad()
+    def set_draft_vocabulary(self, token_ids: Sequence[int] | torch.Tensor) -> None:
+        """Set the target ids of the draft vocabulary (unique, within the target vocabulary; stored sorted)."""
+        if self.draft_to_target is None:
+            raise ValueError("This drafter predicts the full target vocabulary (draft_vocab_size=None).")
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+        vocab = self.config.target_config["vocab_size"]
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"Got {ids.numel()} draft token ids for draft_vocab_size={self.config.draft_vocab_size}.")
+        if ids.numel() and (ids[0] < 0 or ids[-1] >= vocab or bool((ids[1:] == ids[:-1]).any())):
+            raise ValueError(f"Draft token ids must be unique and within [0, {vocab}).")
+        self.draft_to_target.copy_(ids.to(self.draft_to_target.device))
+        self._draft_head_cache = None
 
     @torch.no_grad()
     def _init_final_norm_from(self, target) -> None:
@@ -298,8 +332,51 @@ class DSparkDraftModel(PreTrainedModel):
         return F.embedding(ids, weight) * self.family.embed_scale(self.target_text_config)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's frozen LM head (and logit soft-cap, for families that have one)."""
-        logits = F.linear(hidden, self.target.get_output_embeddings().weight.detach())
+        """The target's frozen LM head (and logit soft-cap, for families that have one): full-vocabulary logits."""
+        return self._soft_cap(F.linear(hidden, self.target.get_output_embeddings().weight.detach()))
+
+    def compute_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [..., V'] (the LM head's rows ``draft_to_target``; all rows if full)."""
+        if self.draft_to_target is None:
+            return self.compute_logits(hidden)
+        return self._soft_cap(F.linear(hidden, self._draft_lm_head()))
+
+    def to_target_vocab(self, draft_logits: torch.Tensor, draft_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft-space logits [..., K] -> target-vocabulary logits [..., V], -inf where the drafter has no mass.
+
+        ``draft_ids`` [..., K] names the draft indices of the last dim (default: the whole draft vocabulary).
+        Identity for a full-vocabulary drafter called without ``draft_ids``.
+        """
+        if self.draft_to_target is None and draft_ids is None:
+            return draft_logits
+        vocab = self.config.target_config["vocab_size"]
+        if draft_ids is None:
+            target_ids = self.draft_to_target.expand(*draft_logits.shape[:-1], -1)
+        else:
+            target_ids = draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+        full = draft_logits.new_full((*draft_logits.shape[:-1], vocab), float("-inf"))
+        return full.scatter(-1, target_ids, draft_logits)
+
+    def target_to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> draft indices (-1 for tokens outside the draft vocabulary)."""
+        if self.draft_to_target is None:
+            return token_ids
+        vocab = self.config.target_config["vocab_size"]
+        lookup = torch.full((vocab,), -1, dtype=torch.long, device=token_ids.device)
+        lookup[self.draft_to_target.to(token_ids.device)] = torch.arange(self.config.draft_vocab_size,
+                                                                          device=token_ids.device)
+        return lookup[token_ids]
+
+    def _draft_lm_head(self) -> torch.Tensor:
+        """The LM head's draft rows, sliced once per (target weight, dtype, device) rather than per call."""
+        weight = self.target.get_output_embeddings().weight.detach()
+        key = (weight.data_ptr(), weight.dtype, weight.device, weight._version, self.draft_to_target._version,
+               self.draft_to_target.device)
+        if self._draft_head_cache is None or self._draft_head_cache[0] != key:
+            self._draft_head_cache = (key, weight.index_select(0, self.draft_to_target.to(weight.device)))
+        return self._draft_head_cache[1]
+
+    def _soft_cap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.family.logit_softcap(self.target_text_config)
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -401,7 +478,7 @@ class DSparkDraftModel(PreTrainedModel):
         gamma = min(num_tokens or self.config.block_size, self.config.block_size)
         threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
         hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
-        base_logits = self.compute_logits(hidden).float()
+        base_logits = self.compute_draft_logits(hidden).float()  # draft space; to_target_vocab maps it
         bsz, vocab = base_logits.shape[0], base_logits.shape[-1]
         head, top_k = self.markov_head, self.config.sequential_top_k
         state = head.init_state(bsz, hidden) if head is not None else None
@@ -417,9 +494,11 @@ class DSparkDraftModel(PreTrainedModel):
                     # q_k is defined on the base top-k support; lossless because it is the q we sample from.
                     cand = logits.topk(top_k, dim=-1).indices
                     vals = logits.gather(-1, cand) + head.bias(u, cand).float()
-                    logits = torch.full_like(logits, float("-inf")).scatter(-1, cand, vals)
+                    logits = self.to_target_vocab(vals, cand)
                 else:
-                    logits = logits + head.bias(u).float()
+                    logits = self.to_target_vocab(logits + head.bias(u).float())
+            else:
+                logits = self.to_target_vocab(logits)
             if self.confidence_head is not None:
                 conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
             if logits_processor is not None:

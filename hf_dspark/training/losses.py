@@ -67,7 +67,7 @@ class BlockOutputs:
     """The drafter's training-time outputs for a set of blocks (teacher-forced sequential head)."""
 
     hidden: torch.Tensor  # [..., γ, d] final-normed backbone states h_k
-    draft_logits: torch.Tensor | None  # [..., γ, V] fp32 U_k + B_k
+    draft_logits: torch.Tensor | None  # [..., γ, V'] fp32 U_k + B_k over the draft vocabulary
     confidence_logits: torch.Tensor | None  # [..., γ] fp32 z_k
 
 
@@ -85,9 +85,9 @@ def compute_block_logits(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
                          with_confidence: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draft logits U + B (teacher forcing: prev = [anchor, y_1 .. y_{γ-1}]) and confidence logits.
 
-    hidden [B, γ, d], prev_ids [B, γ] -> ([B, γ, V] fp32, [B, γ] fp32 or None).
+    hidden [B, γ, d], prev_ids [B, γ] -> ([B, γ, V'] fp32 over the draft vocabulary, [B, γ] fp32 or None).
     """
-    logits = drafter.compute_logits(hidden).float()
+    logits = drafter.compute_draft_logits(hidden).float()
     head = drafter.markov_head
     if head is None:
         return logits, None
@@ -183,17 +183,30 @@ class LossOutput:
     stats: LossStats  # detached sums for metrics
 
 
-def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, target_hidden):
+def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, target_hidden, target_lse=None):
     """Weighted term sums [3] (CE, L1, BCE) and the detached statistics vector for one chunk of blocks."""
     weights = slot_weights(mask, config.decay)
     logits, conf = compute_block_logits(drafter, hidden, prev_ids)
     with torch.no_grad():
-        target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
+        outside_mass = 0.0
+        if drafter.draft_to_target is not None:
+            if target_lse is not None:  # p_t on the draft rows only, normalised by the cached full-vocab lse
+                target_probs = torch.exp(drafter.compute_draft_logits(target_hidden).float() - target_lse[..., None])
+            else:
+                target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
+                target_probs = target_probs[..., drafter.draft_to_target]
+            # q is 0 outside the draft vocabulary, so those tokens add their target mass to ‖p_d − p_t‖₁ exactly
+            outside_mass = (1 - target_probs.sum(-1)).clamp(min=0)
+            # a label the drafter cannot propose has no CE term (it still counts through outside_mass)
+            labels = torch.where(labels == IGNORE_LABEL, labels, drafter.target_to_draft_ids(labels.clamp(min=0)))
+            labels = labels.masked_fill(labels < 0, IGNORE_LABEL)
+        else:
+            target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
     log_probs = F.log_softmax(logits, dim=-1)
     ce = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_LABEL,
                     reduction="none").view_as(weights)
     with torch.set_grad_enabled(torch.is_grad_enabled() and config.l1_weight > 0):
-        l1 = (log_probs.exp() - target_probs).abs().sum(-1)  # = 2·TV
+        l1 = (log_probs.exp() - target_probs).abs().sum(-1) + outside_mass  # = 2·TV
     accept = (1 - 0.5 * l1.detach()).clamp(0, 1)  # c* = 1 − TV: P(slot accepted | earlier slots accepted)
     bce = (F.binary_cross_entropy_with_logits(conf, accept, reduction="none") if conf is not None
            else torch.zeros_like(weights))
@@ -210,8 +223,12 @@ def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, tar
 
 
 def compute_loss(drafter, hidden: torch.Tensor, targets: BlockTargets, target_last_hidden: torch.Tensor,
-                 config: LossConfig, denominator: torch.Tensor | float | None = None) -> LossOutput:
+                 config: LossConfig, denominator: torch.Tensor | float | None = None,
+                 target_logsumexp: torch.Tensor | None = None) -> LossOutput:
     """The weighted three-term loss over all supervised blocks.
+
+    ``target_logsumexp`` [N, T] (the cache's side-car, optional): lets a reduced-vocabulary drafter get the
+    target's probabilities on its own rows without the full-vocabulary product.
 
     hidden [N, A, γ, d] from :func:`compute_block_hidden`; target_last_hidden [N, T, d] (cached, post-norm).
     ``denominator`` replaces the local weight sum Σ w; data-parallel training passes the global Σ w divided by
@@ -223,6 +240,11 @@ def compute_loss(drafter, hidden: torch.Tensor, targets: BlockTargets, target_la
     prev, labels, mask = targets.prev_ids[supervised], targets.labels[supervised], targets.eval_mask[supervised]
     lm_dtype = drafter.target.get_output_embeddings().weight.dtype
     target_h = gather_target_hidden(target_last_hidden, targets)[supervised].to(lm_dtype)
+    target_lse = None
+    if target_logsumexp is not None and drafter.draft_to_target is not None:
+        n, a, g = targets.target_positions.shape
+        target_lse = target_logsumexp.gather(1, targets.target_positions.reshape(n, a * g)).view(n, a, g)
+        target_lse = target_lse[supervised].float()
     num_blocks = h.shape[0]
     if num_blocks == 0:  # keep the graph connected (DDP expects every parameter to get a gradient)
         zero = hidden.sum() * 0.0
@@ -232,7 +254,8 @@ def compute_loss(drafter, hidden: torch.Tensor, targets: BlockTargets, target_la
     sums, stats_vec = 0.0, 0.0
     for start in range(0, num_blocks, step):
         args = (h[start:start + step], prev[start:start + step], labels[start:start + step],
-                mask[start:start + step], target_h[start:start + step])
+                mask[start:start + step], target_h[start:start + step],
+                None if target_lse is None else target_lse[start:start + step])
         if use_checkpoint:
             chunk_sums, chunk_stats = checkpoint(_chunk_sums, drafter, config, *args, use_reentrant=False)
         else:

@@ -12,6 +12,8 @@ Layout of a cache directory::
         input_ids [n_tok] int32, loss_mask [n_tok] uint8, offsets [n_samples + 1] int64,
         target_hidden_states [n_tok, m·d], target_last_hidden_states [n_tok, d]   (bf16 or fp16)
         metadata {"ids": JSON list of sample ids}
+    shard-00000.lse.safetensors         optional side-car: target_logsumexp [n_tok] fp32, log Σ_v exp(logit_v) of
+                                        the target at every token (see :func:`write_target_logsumexp`)
 
 Writes are resumable: samples whose id is already in a shard are skipped, each new shard is written to a
 temporary name and renamed, then the manifest is rewritten atomically; a crash loses at most one shard.
@@ -358,6 +360,55 @@ def _flush(target, tap, pending, cache_dir: Path, manifest: dict, batch_size: in
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Side-car: the target's log-normaliser per token (reduced-vocabulary training)
+# ---------------------------------------------------------------------------------------------------------
+LOGSUMEXP_SUFFIX = ".lse.safetensors"
+
+
+def _logsumexp_file(cache_dir: Path, shard: dict) -> Path:
+    return cache_dir / (shard["file"].removesuffix(".safetensors") + LOGSUMEXP_SUFFIX)
+
+
+@torch.no_grad()
+def write_target_logsumexp(cache_dir: str | os.PathLike, compute_logits, batch_tokens: int = 2048,
+                           progress: bool = True) -> int:
+    """Store log Σ_v exp(target logit_v) for every cached token, once per shard (existing side-cars are kept).
+
+    Why: a drafter with a reduced vocabulary needs the target's probabilities only on its own V' tokens,
+    p_t(v) = exp(logit_v − lse). With lse on disk a training step multiplies by V' LM-head rows instead of all
+    V (on SmolLM2 the full-vocabulary target softmax was ~40 % of a reduced-vocabulary step). ``compute_logits``
+    maps post-norm hidden states to full-vocabulary logits (the drafter's ``compute_logits``: the target's LM
+    head and soft-cap). Returns the number of shards written.
+    """
+    cache_dir = Path(cache_dir)
+    manifest = load_manifest(cache_dir)
+    todo = [s for s in manifest["shards"] if not _logsumexp_file(cache_dir, s).is_file()]
+    bar = tqdm(total=sum(s["num_tokens"] for s in todo), desc="target logsumexp", unit="tok", disable=not progress)
+    for shard in todo:
+        with safe_open(cache_dir / shard["file"], framework="pt") as f:
+            hidden = f.get_tensor("target_last_hidden_states")
+        parts = []
+        for start in range(0, hidden.shape[0], batch_tokens):
+            logits = compute_logits(_to_head_dtype(hidden[start:start + batch_tokens], compute_logits))
+            parts.append(torch.logsumexp(logits.float(), dim=-1))
+            bar.update(min(batch_tokens, hidden.shape[0] - start))
+        out = _logsumexp_file(cache_dir, shard)
+        tmp = out.with_name(out.name + ".tmp")
+        save_file({"target_logsumexp": torch.cat(parts).contiguous()}, str(tmp))
+        os.replace(tmp, out)
+    bar.close()
+    return len(todo)
+
+
+def _to_head_dtype(hidden: torch.Tensor, compute_logits) -> torch.Tensor:
+    """The dtype the training loss feeds the LM head with (the head's own), so side-car and loss agree."""
+    owner = getattr(compute_logits, "__self__", None)
+    if owner is not None and hasattr(owner, "target"):
+        return hidden.to(owner.target.get_output_embeddings().weight.dtype)
+    return hidden.float()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------------------------
 class TargetCacheDataset(Dataset):
@@ -377,6 +428,17 @@ class TargetCacheDataset(Dataset):
                 self.ids.extend(json.loads(f.metadata()["ids"]))
             self._index.extend((shard_no, a, b) for a, b in itertools.pairwise(offsets))
         self._handles: dict[int, object] = {}
+        self._logsumexp: dict[int, torch.Tensor] | None = None
+        if all(_logsumexp_file(self.cache_dir, s).is_file() for s in self.manifest["shards"]):
+            self._logsumexp = {}
+            for shard_no, shard in enumerate(self.manifest["shards"]):
+                with safe_open(_logsumexp_file(self.cache_dir, shard), framework="pt") as f:
+                    self._logsumexp[shard_no] = f.get_tensor("target_logsumexp")
+
+    @property
+    def has_logsumexp(self) -> bool:
+        """Whether every shard has its :func:`write_target_logsumexp` side-car (items then carry it)."""
+        return self._logsumexp is not None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -394,10 +456,13 @@ class TargetCacheDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         shard_no, a, b = self._index[i]
         f = self._handle(shard_no)
-        return {"input_ids": f.get_slice("input_ids")[a:b].long(),
+        item = {"input_ids": f.get_slice("input_ids")[a:b].long(),
                 "loss_mask": f.get_slice("loss_mask")[a:b].long(),
                 "target_hidden_states": f.get_slice("target_hidden_states")[a:b],
                 "target_last_hidden_states": f.get_slice("target_last_hidden_states")[a:b]}
+        if self._logsumexp is not None:
+            item["target_logsumexp"] = self._logsumexp[shard_no][a:b]
+        return item
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -409,7 +474,9 @@ def collate_target_batch(samples: list[dict[str, torch.Tensor]]) -> dict[str, to
     """Right-pad samples to the longest: input_ids/loss_mask [N, T] long, attention_mask [N, T] bool, states."""
     longest = max(s["input_ids"].shape[0] for s in samples)
     batch = {}
-    for key in ("input_ids", "loss_mask", "target_hidden_states", "target_last_hidden_states"):
+    keys = ["input_ids", "loss_mask", "target_hidden_states", "target_last_hidden_states"]
+    keys += ["target_logsumexp"] if "target_logsumexp" in samples[0] else []
+    for key in keys:
         first = samples[0][key]
         out = first.new_zeros(len(samples), longest, *first.shape[1:])
         for row, s in enumerate(samples):

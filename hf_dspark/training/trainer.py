@@ -142,7 +142,7 @@ class _TrainingStep(nn.Module):
     def forward(self, batch: dict, targets, denominator: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = compute_block_hidden(self.drafter, batch["target_hidden_states"], batch["attention_mask"], targets)
         out = compute_loss(self.drafter, hidden, targets, batch["target_last_hidden_states"], self.loss_config,
-                           denominator=denominator)
+                           denominator=denominator, target_logsumexp=batch.get("target_logsumexp"))
         return out.loss, out.stats.to_vector()
 
 

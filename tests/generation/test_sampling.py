@@ -65,3 +65,16 @@ def test_chi2_catches_a_wrong_q(setup, monkeypatch):
     plain = sample_tokens(target, prompt, seed=0)
     wrong = sample_tokens(target, prompt, seed=1, assistant_model=draft)
     assert min(per_position_pvalues(plain, wrong)) < 1e-6
+
+
+def test_sampling_with_a_reduced_draft_vocabulary_preserves_target_distribution(setup):
+    """q = 0 on the tokens the drafter cannot propose: the residual max(p − q, 0) must still give them their mass."""
+    target, _, prompt = setup
+    torch.manual_seed(12)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8,
+                                         draft_vocab=list(range(0, VOCAB, 2))).eval()
+    plain = sample_tokens(target, prompt, seed=0)
+    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
+    assert (ours % 2 == 1).any()  # tokens outside the draft vocabulary do get generated
+    assert min(per_position_pvalues(plain, ours)) > 1e-3

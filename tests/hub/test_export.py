@@ -161,6 +161,13 @@ def test_heads_vllm_cannot_run_need_an_explicit_opt_out(target, head):
     assert speculators_export_problems(draft.config, vllm_servable=False) == []
 
 
+def test_reduced_draft_vocabulary_is_refused(target, tmp_path):
+    draft = make_drafter(target, draft_vocab=list(range(2, 60)))
+    with pytest.raises(SpeculatorsExportError, match="reduced draft vocabulary"):
+        save_as_speculators(draft, tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_unknown_output_format_is_refused(target, tmp_path):
     make_drafter(target).save_pretrained(tmp_path / "native")
     with pytest.raises(ValueError, match="to='gguf' is not one of"):

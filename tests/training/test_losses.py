@@ -54,8 +54,12 @@ class _StubDrafter(nn.Module):
         self.target = nn.Linear(2, 2, bias=False)  # only its weight dtype is read
         self.target.get_output_embeddings = lambda: self.target
 
+    draft_to_target = None  # full vocabulary
+
     def compute_logits(self, hidden):
         return hidden
+
+    compute_draft_logits = compute_logits
 
 
 def _targets(mask_rows: list[list[bool]], labels: list[list[int]]) -> BlockTargets:

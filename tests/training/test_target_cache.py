@@ -155,3 +155,32 @@ def test_manifest_mismatch_is_refused(built_cache):
     (cache_dir / MANIFEST_NAME).write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="not a target cache"):
         load_manifest(cache_dir)
+
+
+def test_logsumexp_side_car_and_answer_token_counts(built_cache, tmp_path):
+    import shutil
+
+    from hf_dspark.training.draft_vocabulary import count_answer_tokens
+    from hf_dspark.training.target_cache import write_target_logsumexp
+
+    target, _, _, cache_dir = built_cache
+    cache = tmp_path / "cache-copy"
+    shutil.copytree(cache_dir, cache)
+    draft = DSparkDraftModel.from_target(target, target_layer_ids=LAYERS, markov_rank=8)
+    assert not TargetCacheDataset(cache).has_logsumexp
+    assert write_target_logsumexp(cache, draft.compute_logits, batch_tokens=7, progress=False) == len(
+        load_manifest(cache)["shards"])
+    assert write_target_logsumexp(cache, draft.compute_logits, progress=False) == 0  # existing side-cars kept
+    data = TargetCacheDataset(cache)
+    assert data.has_logsumexp
+    item = data[3]
+    expected = torch.logsumexp(target.lm_head(item["target_last_hidden_states"].float()), -1)
+    torch.testing.assert_close(item["target_logsumexp"], expected, rtol=1e-5, atol=1e-5)
+    batch = collate_target_batch([data[0], data[1]])
+    assert batch["target_logsumexp"].shape == batch["input_ids"].shape
+    counts = count_answer_tokens(cache, target.config.vocab_size)
+    expected_counts = torch.zeros(target.config.vocab_size, dtype=torch.long)
+    for i in range(len(data)):
+        expected_counts += torch.bincount(data[i]["input_ids"][data[i]["loss_mask"].bool()],
+                                          minlength=target.config.vocab_size)
+    assert torch.equal(counts, expected_counts)
