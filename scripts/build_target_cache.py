@@ -15,7 +15,8 @@ import logging
 
 import torch
 
-from hf_dspark.training.target_cache import MIN_LOSS_TOKENS, STORAGE_DTYPES, build_target_cache, read_jsonl
+from hf_dspark.training.target_cache import (MIN_LOSS_TOKENS, STORAGE_DTYPES, build_target_cache, read_jsonl,
+                                             target_logits_function, write_target_logsumexp)
 from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("build_target_cache")
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--min-loss-tokens", type=int, default=MIN_LOSS_TOKENS)
     parser.add_argument("--shard-size-mb", type=int, default=512)
     parser.add_argument("--limit", type=int, default=None, help="use only the first N records (smoke tests)")
+    parser.add_argument("--logsumexp", action="store_true",
+                        help="also store the target's per-token log-normaliser (reduced-vocabulary training)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
@@ -49,6 +52,9 @@ def main() -> None:
     manifest = build_target_cache(target, tokenizer, records, args.out, layer_ids=args.layers,
                                   max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                                   min_loss_tokens=args.min_loss_tokens, shard_size_mb=args.shard_size_mb)
+    if args.logsumexp:
+        compute_logits, head_dtype = target_logits_function(target)
+        write_target_logsumexp(args.out, compute_logits, head_dtype)
     logger.info("Cache %s: %d samples, %d tokens (%d loss tokens), layers %s", args.out, manifest["num_samples"],
                  manifest["num_tokens"], manifest["num_loss_tokens"], manifest["target_layer_ids"])
 

@@ -8,8 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-STEPS=${STEPS:-240}
-MAX_MINUTES=${MAX_MINUTES:-25}
+STEPS=${STEPS:-2400}
+MAX_MINUTES=${MAX_MINUTES:-75}
+DRAFT_VOCAB=${DRAFT_VOCAB:-8192}
+LR=${LR:-1e-3}
 HOLDOUT=${HOLDOUT:-32}
 ANCHORS=${ANCHORS:-32}
 THREADS=${THREADS:-2}
@@ -20,12 +22,15 @@ if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
 fi
 N=$(wc -l < data/smollm2/train.jsonl)
 $PY scripts/build_target_cache.py --data data/smollm2/train.jsonl --out "$RUNS/cache/smollm2" \
-    --limit $((N - HOLDOUT)) --max-length 1024 --batch-size 8 --threads "$THREADS"
+    --limit $((N - HOLDOUT)) --max-length 1024 --batch-size 8 --threads "$THREADS" --logsumexp
+# the two drafters train side by side, one thread each (identical data, steps, backbone, seed)
 for head in markov none; do
   $PY scripts/train_drafter.py --cache "$RUNS/cache/smollm2" --out "$RUNS/smollm2-$head" --head "$head" \
-      --num-layers 1 --block-size 7 --num-anchors "$ANCHORS" --batch-size 4 --steps "$STEPS" \
-      --max-minutes "$MAX_MINUTES" --threads "$THREADS" --save-steps 40 --resume --no-progress
+      --num-layers 1 --block-size 7 --num-anchors "$ANCHORS" --batch-size 4 --grad-accum 1 --steps "$STEPS" \
+      --lr "$LR" --draft-vocab-size "$DRAFT_VOCAB" --max-minutes "$MAX_MINUTES" --threads $((THREADS > 1 ? THREADS / 2 : 1)) \
+      --save-steps 200 --resume --no-progress &
 done
+wait
 $PY scripts/calibrate_drafter.py --drafter "$RUNS/smollm2-markov/drafter" --out "$RUNS/smollm2-markov/calibrated" \
     --prompts data/smollm2/train.jsonl --num-prompts "$HOLDOUT" --max-new-tokens 128 --batch-size 8 \
     --threads "$THREADS"

@@ -99,7 +99,8 @@ def main(argv=None) -> None:
     if draft_vocab is not None and not dataset.has_logsumexp:
         # the reduced-vocabulary loss reads the target's log-normaliser from disk instead of a full-vocab product
         if accelerator.is_main_process:
-            write_target_logsumexp(args.cache, drafter.compute_logits, progress=not args.no_progress)
+            write_target_logsumexp(args.cache, drafter.compute_logits, target.get_output_embeddings().weight.dtype,
+                                   progress=not args.no_progress)
         accelerator.wait_for_everyone()
         dataset = TargetCacheDataset(args.cache)
     overrides = {k: v for k, v in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight),

@@ -370,15 +370,17 @@ def _logsumexp_file(cache_dir: Path, shard: dict) -> Path:
 
 
 @torch.no_grad()
-def write_target_logsumexp(cache_dir: str | os.PathLike, compute_logits, batch_tokens: int = 2048,
-                           progress: bool = True) -> int:
+def write_target_logsumexp(cache_dir: str | os.PathLike, compute_logits, head_dtype: torch.dtype = torch.float32,
+                           batch_tokens: int = 2048, progress: bool = True) -> int:
     """Store log Σ_v exp(target logit_v) for every cached token, once per shard (existing side-cars are kept).
 
     Why: a drafter with a reduced vocabulary needs the target's probabilities only on its own V' tokens,
     p_t(v) = exp(logit_v − lse). With lse on disk a training step multiplies by V' LM-head rows instead of all
     V (on SmolLM2 the full-vocabulary target softmax was ~40 % of a reduced-vocabulary step). ``compute_logits``
-    maps post-norm hidden states to full-vocabulary logits (the drafter's ``compute_logits``: the target's LM
-    head and soft-cap). Returns the number of shards written.
+    maps post-norm hidden states to full-vocabulary logits (a drafter's ``compute_logits``, or
+    :func:`target_logits_function`); ``head_dtype`` is the LM head's dtype, which the loss casts states to as
+    well, so side-car and loss agree. Concurrent writers are safe (same content, atomic renames).
+    Returns the number of shards written.
     """
     cache_dir = Path(cache_dir)
     manifest = load_manifest(cache_dir)
@@ -389,23 +391,30 @@ def write_target_logsumexp(cache_dir: str | os.PathLike, compute_logits, batch_t
             hidden = f.get_tensor("target_last_hidden_states")
         parts = []
         for start in range(0, hidden.shape[0], batch_tokens):
-            logits = compute_logits(_to_head_dtype(hidden[start:start + batch_tokens], compute_logits))
+            logits = compute_logits(hidden[start:start + batch_tokens].to(head_dtype))
             parts.append(torch.logsumexp(logits.float(), dim=-1))
             bar.update(min(batch_tokens, hidden.shape[0] - start))
         out = _logsumexp_file(cache_dir, shard)
-        tmp = out.with_name(out.name + ".tmp")
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
         save_file({"target_logsumexp": torch.cat(parts).contiguous()}, str(tmp))
         os.replace(tmp, out)
     bar.close()
     return len(todo)
 
 
-def _to_head_dtype(hidden: torch.Tensor, compute_logits) -> torch.Tensor:
-    """The dtype the training loss feeds the LM head with (the head's own), so side-car and loss agree."""
-    owner = getattr(compute_logits, "__self__", None)
-    if owner is not None and hasattr(owner, "target"):
-        return hidden.to(owner.target.get_output_embeddings().weight.dtype)
-    return hidden.float()
+def target_logits_function(target):
+    """(post-norm hidden -> the target's logits, LM head dtype): what a drafter's ``compute_logits`` computes."""
+    from ..modeling.families import get_target_family
+
+    tcfg = target.config.get_text_config()
+    head = target.get_output_embeddings()
+    cap = get_target_family(tcfg.model_type).logit_softcap(tcfg)
+
+    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(hidden, head.weight.detach())
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    return compute_logits, head.weight.dtype
 
 
 # ---------------------------------------------------------------------------------------------------------

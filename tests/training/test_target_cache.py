@@ -171,6 +171,12 @@ def test_logsumexp_side_car_and_answer_token_counts(built_cache, tmp_path):
     assert write_target_logsumexp(cache, draft.compute_logits, batch_tokens=7, progress=False) == len(
         load_manifest(cache)["shards"])
     assert write_target_logsumexp(cache, draft.compute_logits, progress=False) == 0  # existing side-cars kept
+    from hf_dspark.training.target_cache import target_logits_function
+
+    compute_logits, head_dtype = target_logits_function(target)
+    hidden = torch.randn(3, 64)
+    assert head_dtype == torch.float32
+    torch.testing.assert_close(compute_logits(hidden), draft.compute_logits(hidden))
     data = TargetCacheDataset(cache)
     assert data.has_logsumexp
     item = data[3]
