@@ -61,6 +61,10 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-bf16", action="store_true")
+    parser.add_argument("--thresholds", default="",
+                        help="comma list: also run hf-dspark (prepacked) with dspark_confidence_threshold=each")
+    parser.add_argument("--num-tokens", default="",
+                        help="comma list: also run hf-dspark (prepacked) with dspark_num_tokens=each (fixed γ)")
     parser.add_argument("--out", default="runs/bench_generate")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -91,6 +95,13 @@ def main() -> None:
         "hf-dspark fp32": (target, {"assistant_model": drafter}, "plain fp32"),
         "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, "plain fp32 prepacked"),
     }
+    for threshold in filter(None, args.thresholds.split(",")):
+        configs[f"hf-dspark fp32 prepacked, threshold {threshold}"] = (
+            packed, {"assistant_model": packed_drafter, "dspark_confidence_threshold": float(threshold)},
+            "plain fp32 prepacked")
+    for num in filter(None, args.num_tokens.split(",")):
+        configs[f"hf-dspark fp32 prepacked, γ={num}"] = (
+            packed, {"assistant_model": packed_drafter, "dspark_num_tokens": int(num)}, "plain fp32 prepacked")
     if bf16 is not None:
         configs["plain bf16"] = (bf16, {}, "plain bf16")
     if dflash is not None:

@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--block-size", type=int, default=7)
     model.add_argument("--markov-rank", type=int, default=128,
                        help="rank of W1/W2 (128 keeps a SmolLM2 drafter under 40 MB in bf16)")
+    model.add_argument("--init-from", default=None,
+                       help="start from this trained drafter's weights (and its architecture / draft vocabulary) "
+                            "with a fresh schedule, e.g. to continue a finished run on more data")
     model.add_argument("--draft-vocab-size", type=int, default=None,
                        help="propose only the N most frequent answer tokens of the cache (default: full vocabulary)")
     length = p.add_argument_group("length (--steps or --epochs sets the schedule; --max-minutes only stops early)")
@@ -81,7 +84,7 @@ def main(argv=None) -> None:
     dataset = TargetCacheDataset(args.cache)
     target, _ = load_target(args.target)
     draft_vocab = None
-    if args.draft_vocab_size:
+    if args.draft_vocab_size and not args.init_from:
         vocab = target.config.get_text_config().vocab_size
         counts = count_answer_tokens(args.cache, vocab)
         eos = target.generation_config.eos_token_id
@@ -91,10 +94,19 @@ def main(argv=None) -> None:
                     "(%d distinct tokens occur)", len(draft_vocab), vocab, 100 * coverage(counts, draft_vocab),
                     int((counts > 0).sum()))
     torch.manual_seed(args.seed)  # the drafter's initialisation
-    drafter = DSparkDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
-                                           head=args.head, markov_rank=args.markov_rank,
-                                           target_layer_ids=dataset.manifest["target_layer_ids"],
-                                           draft_vocab=draft_vocab)
+    if args.init_from:
+        param_dtype = next(target.parameters()).dtype
+        drafter = DSparkDraftModel.from_pretrained(args.init_from, target=target).to(param_dtype)
+        draft_vocab = drafter.draft_to_target
+        args.head = drafter.config.sequential_head
+        logger.info("Initialised from %s (%s head, %d layer(s), draft vocabulary %s); architecture options ignored",
+                    args.init_from, args.head, drafter.config.num_hidden_layers,
+                    drafter.config.draft_vocab_size or "full")
+    else:
+        drafter = DSparkDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
+                                               head=args.head, markov_rank=args.markov_rank,
+                                               target_layer_ids=dataset.manifest["target_layer_ids"],
+                                               draft_vocab=draft_vocab)
     validate_manifest(dataset.manifest, drafter.config)
     if draft_vocab is not None and not dataset.has_logsumexp:
         # the reduced-vocabulary loss reads the target's log-normaliser from disk instead of a full-vocab product

@@ -119,3 +119,20 @@ def test_drafter_saved_for_full_precision_target_binds_to_quantized_copy(quantiz
     draft = DSparkDraftModel.from_pretrained(tmp_path, target=target)  # embedding signature must still match
     got = target.generate(PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS, do_sample=False, assistant_model=draft)
     assert torch.equal(got, references[0])
+
+
+def test_default_int8_outlier_threshold_is_warned_about(saved_target, caplog):
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    target = AutoModelForCausalLM.from_pretrained(saved_target, device_map="cpu",
+                                                  quantization_config=BitsAndBytesConfig(load_in_8bit=True)).eval()
+    with caplog.at_level("WARNING", logger="hf_dspark.modeling.modeling"):
+        DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16)
+    assert "llm_int8_threshold=6.0" in caplog.text
+
+
+def test_zero_int8_threshold_is_not_warned_about(quantized, caplog):
+    target, _ = quantized
+    with caplog.at_level("WARNING", logger="hf_dspark.modeling.modeling"):
+        DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16)
+    assert "llm_int8_threshold" not in caplog.text

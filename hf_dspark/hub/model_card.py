@@ -204,6 +204,9 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "block_size": config.block_size, "num_layers": config.num_hidden_layers,
         "target_layer_ids": config.target_layer_ids, "num_target_layers": config.num_target_layers,
         "mask_token_id": config.mask_token_id,
+        "draft_vocabulary": (f"{config.draft_vocab_size:,} most frequent answer tokens of the target's "
+                             f"{config.target_config.get('vocab_size', 0):,} (q = 0 elsewhere; still lossless)"
+                             if config.draft_vocab_size else "the target's full vocabulary"),
         "sequential_head": f"{_HEAD_NAMES[head]}, rank {config.markov_rank}" if head != "none" else "none",
         "confidence_head": ("yes: c_k estimates P(draft k accepted, given drafts before it were)"
                             if config.use_confidence_head else "no"),

@@ -315,6 +315,7 @@ class DSparkDraftModel(PreTrainedModel):
         ``target.generate(..., assistant_model=draft)`` use speculative decoding.
         """
         _raise_if_target_mismatch(self.config, target)
+        _warn_if_logits_depend_on_chunking(target)
         self._bound_target[:] = [target]
         for hook in TARGET_BIND_HOOKS:
             hook(target)
@@ -542,6 +543,24 @@ def embedding_signature(target) -> list[float]:
     weight = target.get_input_embeddings().weight.detach()
     rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_ROWS).long()
     return [round(float(x), 4) for x in weight[rows].float().norm(dim=-1)]
+
+
+def _warn_if_logits_depend_on_chunking(target) -> None:
+    """LLM.int8 with an outlier threshold picks fp16 outlier columns from all tokens of a forward call, so the
+    8-bit target's logits for a token depend on how many tokens share its call. Verification runs γ+1 tokens
+    per call where plain decoding runs one: near-ties can then resolve differently from plain 8-bit decoding.
+    ``llm_int8_threshold=0`` quantizes every token on its own and makes both agree (tested)."""
+    qcfg = getattr(target.config, "quantization_config", None)
+    if qcfg is None:
+        return
+    get = qcfg.get if isinstance(qcfg, dict) else (lambda key, default=None: getattr(qcfg, key, default))
+    threshold = get("llm_int8_threshold", 0.0) or 0.0
+    if get("load_in_8bit", False) and threshold > 0:
+        logger.warning(
+            "This 8-bit bitsandbytes target uses llm_int8_threshold=%s: its outlier columns depend on the number "
+            "of tokens per forward call, so speculative output can differ from plain 8-bit decoding at near-ties. "
+            "Load it with BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0) for token-identical output.",
+            threshold)
 
 
 def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:

@@ -30,3 +30,25 @@ def test_untrained_drafter_greedy_identical_on_smollm2(smollm2):
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=draft)
     for i, e in enumerate(expected):
         assert out[i, width:width + len(e)].tolist() == e
+
+
+@pytest.mark.slow
+def test_shipped_drafter_is_lossless_and_gets_drafts_accepted(smollm2):
+    """The packaged default drafter (hf_dspark/checkpoints/...) on its target: greedy-identical, τ well above 1."""
+    from hf_dspark import load_default_drafter
+    from hf_dspark.embedded import DEFAULT_DRAFTER_DIR
+
+    if not (DEFAULT_DRAFTER_DIR / "config.json").is_file():
+        pytest.fail(f"The default drafter is missing from {DEFAULT_DRAFTER_DIR}: the package must ship it.")
+    target, tok = smollm2
+    draft = load_default_drafter(target)
+    assert draft.config.confidence_temperatures is not None  # calibrated (STS) before shipping
+    committed = rounds = 0
+    for prompt in PROMPTS:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        plain = target.generate(ids, do_sample=False, max_new_tokens=48)
+        ours = target.generate(ids, do_sample=False, max_new_tokens=48, assistant_model=draft)
+        assert torch.equal(plain, ours)
+        committed, rounds = committed + draft.stats.committed_tokens, rounds + draft.stats.rounds
+    assert committed / rounds > 1.5, (committed, rounds)

@@ -1,0 +1,78 @@
+"""Package a trained, calibrated drafter: cast it (bf16 by default), write it with its generated model card, and
+keep a copy of the card in model_cards/. This is how hf_dspark/checkpoints/smollm2-135m-instruct-dspark is made:
+
+    python scripts/ship_drafter.py --drafter runs/smollm2-markov/calibrated --run runs/smollm2-markov \\
+        --cache runs/cache/smollm2 --eval runs/eval-smollm2/results.json \\
+        --out hf_dspark/checkpoints/smollm2-135m-instruct-dspark --card model_cards/smollm2-135m-instruct-dspark.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.embedded import load_target
+from hf_dspark.hub.model_card import DraftCardInfo, read_calibration, summarize_training
+from hf_dspark.hub.upload import CARD_NAME, save_for_hub
+
+logger = logging.getLogger("ship_drafter")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def evaluation_table(results_path: Path, drafter_name: str, baseline_name: str | None) -> dict[str, dict]:
+    """benchmark -> {"tau": τ at T=0, "τ (T=1)": .., "<baseline> τ (T=0)": ..} from eval_drafter.py's results.json."""
+    results = json.loads(results_path.read_text())["results"]
+    table: dict[str, dict] = {}
+    for row in results:
+        name, temp, tau = row["drafter"], row["temperature"], row["stats"]["tau"]
+        entry = table.setdefault(row["benchmark"], {})
+        if name == drafter_name:
+            entry["tau" if temp == 0 else f"τ (T={temp:g})"] = round(tau, 3)
+        elif name == baseline_name:
+            entry[f"{baseline_name} τ (T={temp:g})"] = round(tau, 3)
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", required=True, help="trained (and calibrated) drafter directory")
+    p.add_argument("--out", required=True, help="where the shipped drafter goes")
+    p.add_argument("--card", default=None, help="also copy the model card here (e.g. model_cards/<name>.md)")
+    p.add_argument("--run", default=None, help="training run directory (metrics.jsonl) for the card")
+    p.add_argument("--cache", default=None, help="target cache directory (data size) for the card")
+    p.add_argument("--data", default=None, help="one-line description of the training data for the card")
+    p.add_argument("--eval", default=None, help="eval_drafter.py results.json for the τ table")
+    p.add_argument("--eval-name", default="DSpark", help="this drafter's name in results.json")
+    p.add_argument("--baseline-name", default="DFlash", help="baseline drafter shown next to it in the card")
+    p.add_argument("--calibration", default=None, help="calibration.json (default: <drafter>/calibration.json)")
+    p.add_argument("--repo-id", default=None, help="Hub id the card names")
+    p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    target, _ = load_target(args.target)
+    draft = DSparkDraftModel.from_pretrained(args.drafter, target=target).to(DTYPES[args.dtype]).eval()
+    info = DraftCardInfo(license="apache-2.0")
+    if args.run or args.cache:
+        info.training = summarize_training(args.cache, args.run, data=args.data)
+    if args.eval:
+        info.evaluation = evaluation_table(Path(args.eval), args.eval_name, args.baseline_name)
+    calibration = Path(args.calibration or Path(args.drafter) / "calibration.json")
+    if calibration.is_file():
+        info.calibration = read_calibration(calibration)
+    out = save_for_hub(draft, args.out, info=info, repo_id=args.repo_id)
+    if args.card:
+        shutil.copyfile(out / CARD_NAME, args.card)
+    size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
+    logger.info("Shipped %s (%s) to %s: %.1f MB", args.drafter, args.dtype, out, size / 2**20)
+
+
+if __name__ == "__main__":
+    main()
