@@ -49,6 +49,12 @@ def test_reduced_vocabulary_run_then_init_from(saved_target_and_cache):
     target = make_tiny_llama(num_layers=4)
     first = DSparkDraftModel.from_pretrained(root / "first" / "drafter", target=target)
     assert first.config.draft_vocab_size == 40
+    from hf_dspark.training.trainer import evaluate_on_cache
+
+    held_out = TargetCacheDataset(root / "cache")
+    first_metrics = evaluate_on_cache(first, held_out, num_anchors=4)
+    assert first_metrics == evaluate_on_cache(first, held_out, num_anchors=4)  # fixed anchors: deterministic
+    assert first_metrics["tau_probabilistic"] >= 1 and first_metrics["num_supervised_slots"] > 0
     eos = make_chat_tokenizer().eos_token_id
     assert eos in first.draft_to_target.tolist()  # the end-of-turn token is always proposable
     script.main([*common, "--out", str(root / "second"), "--init-from", str(root / "first" / "drafter"),
