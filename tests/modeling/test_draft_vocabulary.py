@@ -31,6 +31,19 @@ def features(draft, n: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(1, n, len(draft.config.target_layer_ids) * 64, generator=gen)
 
 
+def loss_inputs(draft, seed: int, n: int = 2, t: int = 30):
+    """(features, context_valid, block targets, final target states) of a random 2-sequence batch."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, TINY_VOCAB, (n, t), generator=gen)
+    loss_mask = torch.zeros(n, t, dtype=torch.long)
+    loss_mask[:, 5:] = 1
+    feats = torch.randn(n, t, len(draft.config.target_layer_ids) * 64, generator=gen)
+    last_hidden = torch.randn(n, t, 64, generator=gen)
+    positions, keep = sample_anchors(loss_mask, 4, generator=gen)
+    targets = make_block_targets(ids, loss_mask, positions, keep, 5, draft.config.mask_token_id)
+    return feats, torch.ones(n, t, dtype=torch.bool), targets, last_hidden
+
+
 def test_config_and_shapes(target):
     draft = make_drafter(target)
     assert draft.config.draft_vocab_size == len(DRAFT_VOCAB)
@@ -99,16 +112,8 @@ def test_set_draft_vocabulary_refuses_bad_ids(target):
 def test_loss_equals_its_full_vocabulary_definition(target):
     """‖q − p‖₁ with q scattered to the target vocabulary (0 outside) is what the reduced loss computes."""
     draft = make_drafter(target).train()
-    gen = torch.Generator().manual_seed(0)
-    n, t = 2, 30
-    ids = torch.randint(3, TINY_VOCAB, (n, t), generator=gen)
-    loss_mask = torch.zeros(n, t, dtype=torch.long)
-    loss_mask[:, 5:] = 1
-    feats = torch.randn(n, t, len(draft.config.target_layer_ids) * 64, generator=gen)
-    last_hidden = torch.randn(n, t, 64, generator=gen)
-    positions, keep = sample_anchors(loss_mask, 4, generator=gen)
-    targets = make_block_targets(ids, loss_mask, positions, keep, 5, draft.config.mask_token_id)
-    hidden = compute_block_hidden(draft, feats, torch.ones(n, t, dtype=torch.bool), targets)
+    feats, valid, targets, last_hidden = loss_inputs(draft, seed=0)
+    hidden = compute_block_hidden(draft, feats, valid, targets)
     out = compute_loss(draft, hidden, targets, last_hidden, LossConfig(ce_weight=0.0, confidence_weight=0.0,
                                                                        l1_weight=1.0))
     # by hand, in the target vocabulary
@@ -136,19 +141,11 @@ def test_most_frequent_tokens_forces_eos_and_breaks_ties_by_id():
 
 def test_cached_logsumexp_gives_the_same_loss_as_the_full_softmax(target):
     draft = make_drafter(target).train()
-    gen = torch.Generator().manual_seed(1)
-    n, t = 2, 30
-    ids = torch.randint(3, TINY_VOCAB, (n, t), generator=gen)
-    loss_mask = torch.zeros(n, t, dtype=torch.long)
-    loss_mask[:, 5:] = 1
-    feats = torch.randn(n, t, len(draft.config.target_layer_ids) * 64, generator=gen)
-    last_hidden = torch.randn(n, t, 64, generator=gen)
-    positions, keep = sample_anchors(loss_mask, 4, generator=gen)
-    targets = make_block_targets(ids, loss_mask, positions, keep, 5, draft.config.mask_token_id)
+    feats, valid, targets, last_hidden = loss_inputs(draft, seed=1)
     lse = torch.logsumexp(draft.compute_logits(last_hidden).float(), -1)
     losses = []
     for side_car in (None, lse):
-        hidden = compute_block_hidden(draft, feats, torch.ones(n, t, dtype=torch.bool), targets)
+        hidden = compute_block_hidden(draft, feats, valid, targets)
         losses.append(compute_loss(draft, hidden, targets, last_hidden, LossConfig(), target_logsumexp=side_car))
     torch.testing.assert_close(losses[0].loss, losses[1].loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(losses[0].stats.to_vector(), losses[1].stats.to_vector(), rtol=1e-5, atol=1e-5)
