@@ -378,8 +378,7 @@ class DSparkDraftModel(PreTrainedModel):
         return self._draft_head_cache[1]
 
     def _soft_cap(self, logits: torch.Tensor) -> torch.Tensor:
-        cap = self.family.logit_softcap(self.target_text_config)
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return soft_cap_logits(logits, self.family.logit_softcap(self.target_text_config))
 
     # ---------------------------------------------------------------------------------------------------
     # Backbone
@@ -543,6 +542,11 @@ def embedding_signature(target) -> list[float]:
     weight = target.get_input_embeddings().weight.detach()
     rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_ROWS).long()
     return [round(float(x), 4) for x in weight[rows].float().norm(dim=-1)]
+
+
+def soft_cap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(logits / cap) for families with a final logit soft-cap; unchanged without one."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _warn_if_logits_depend_on_chunking(target) -> None:

@@ -188,20 +188,19 @@ def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, tar
     weights = slot_weights(mask, config.decay)
     logits, conf = compute_block_logits(drafter, hidden, prev_ids)
     with torch.no_grad():
+        reduced = drafter.draft_to_target is not None
+        if reduced and target_lse is not None:  # p_t on the draft rows only, normalised by the cached full-vocab lse
+            target_probs = torch.exp(drafter.compute_draft_logits(target_hidden).float() - target_lse[..., None])
+        else:
+            target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
+            target_probs = target_probs[..., drafter.draft_to_target] if reduced else target_probs
         outside_mass = 0.0
-        if drafter.draft_to_target is not None:
-            if target_lse is not None:  # p_t on the draft rows only, normalised by the cached full-vocab lse
-                target_probs = torch.exp(drafter.compute_draft_logits(target_hidden).float() - target_lse[..., None])
-            else:
-                target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
-                target_probs = target_probs[..., drafter.draft_to_target]
+        if reduced:
             # q is 0 outside the draft vocabulary, so those tokens add their target mass to ‖p_d − p_t‖₁ exactly
             outside_mass = (1 - target_probs.sum(-1)).clamp(min=0)
             # a label the drafter cannot propose has no CE term (it still counts through outside_mass)
             labels = torch.where(labels == IGNORE_LABEL, labels, drafter.target_to_draft_ids(labels.clamp(min=0)))
             labels = labels.masked_fill(labels < 0, IGNORE_LABEL)
-        else:
-            target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
     log_probs = F.log_softmax(logits, dim=-1)
     ce = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_LABEL,
                     reduction="none").view_as(weights)

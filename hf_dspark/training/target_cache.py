@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..modeling.configuration import default_target_layer_ids
-from ..modeling.modeling import embedding_signature
+from ..modeling.modeling import embedding_signature, soft_cap_logits
 from ..modeling.target_taps import TargetFeatureTap
 
 logger = logging.getLogger(__name__)
@@ -411,8 +411,7 @@ def target_logits_function(target):
     cap = get_target_family(tcfg.model_type).logit_softcap(tcfg)
 
     def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
-        logits = torch.nn.functional.linear(hidden, head.weight.detach())
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return soft_cap_logits(torch.nn.functional.linear(hidden, head.weight.detach()), cap)
 
     return compute_logits, head.weight.dtype
 

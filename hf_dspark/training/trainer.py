@@ -139,11 +139,21 @@ class _TrainingStep(nn.Module):
         self.drafter = drafter
         self.loss_config = loss_config
 
-    def forward(self, batch: dict, targets, denominator: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict, targets, denominator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = compute_block_hidden(self.drafter, batch["target_hidden_states"], batch["attention_mask"], targets)
         out = compute_loss(self.drafter, hidden, targets, batch["target_last_hidden_states"], self.loss_config,
                            denominator=denominator, target_logsumexp=batch.get("target_logsumexp"))
         return out.loss, out.stats.to_vector()
+
+
+def block_batch(samples: list[dict], drafter_config, num_anchors: int,
+                generator: torch.Generator) -> tuple[dict, BlockTargets]:
+    """Collate cached samples and sample their anchor blocks (CPU tensors): one training or validation batch."""
+    batch = collate_target_batch(samples)
+    positions, keep = sample_anchors(batch["loss_mask"], num_anchors, generator=generator)
+    targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions, keep, drafter_config.block_size,
+                                 drafter_config.mask_token_id)
+    return batch, targets
 
 
 def make_accelerator(mixed_precision: str = "auto"):
@@ -204,13 +214,8 @@ class DSparkTrainer:
     # -------------------------------------------------------------------------------------------------------
     def _micro_batch(self, indices: list[int], global_micro: int) -> tuple[dict, BlockTargets]:
         """Collated samples and their block targets, on the CPU (moved to the device one micro-batch at a time)."""
-        batch = collate_target_batch([self.dataset[i] for i in indices])
-        cfg = self.drafter.config
         gen = anchor_generator(self.config.seed, self.step, global_micro)
-        positions, keep = sample_anchors(batch["loss_mask"], self.config.num_anchors, generator=gen)
-        targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions, keep, cfg.block_size,
-                                     cfg.mask_token_id)
-        return batch, targets
+        return block_batch([self.dataset[i] for i in indices], self.drafter.config, self.config.num_anchors, gen)
 
     def training_step(self) -> tuple[LossStats, dict]:
         """Accumulate gradients over the step's micro-batches, clip, update. Returns (stats, step info).
@@ -405,20 +410,15 @@ def evaluate_on_cache(drafter, dataset, num_anchors: int = 64, batch_size: int =
     """
     cfg = drafter.config
     loss_config = loss_config or LossConfig.for_head(cfg.sequential_head)
+    step = _TrainingStep(drafter, loss_config)
     device = next(drafter.parameters()).device
     was_training = drafter.training
     drafter.eval()
     total = LossStats.zeros(cfg.block_size)
     for start in range(0, len(dataset), batch_size):
-        batch = collate_target_batch([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-        gen = anchor_generator(seed, 0, start)
-        positions, keep = sample_anchors(batch["loss_mask"], num_anchors, generator=gen)
-        targets = make_block_targets(batch["input_ids"], batch["loss_mask"], positions, keep, cfg.block_size,
-                                     cfg.mask_token_id).to(device)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        hidden = compute_block_hidden(drafter, batch["target_hidden_states"], batch["attention_mask"], targets)
-        out = compute_loss(drafter, hidden, targets, batch["target_last_hidden_states"], loss_config,
-                           target_logsumexp=batch.get("target_logsumexp"))
-        total = total + LossStats.from_vector(out.stats.to_vector().cpu(), cfg.block_size)
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
+        _, stats = step({k: v.to(device) for k, v in batch.items()}, targets.to(device), None)
+        total = total + LossStats.from_vector(stats.cpu(), cfg.block_size)
     drafter.train(was_training)
     return total.summary(loss_config)
