@@ -27,7 +27,7 @@ import torch
 
 from hf_dspark import DSparkDraftModel, load_default_target
 from hf_dspark.evaluation.plots import plot_throughput_frontier
-from hf_dspark.serving import DSparkEngine, profile_verify_sps
+from hf_dspark.serving import DSparkEngine, profile_step_cost
 from hf_dspark.training.prompts import read_prompts
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
@@ -107,7 +107,8 @@ def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concur
         "mean_verify_tokens": m["mean_verify_tokens"], "mean_batch_size": m["mean_batch_size"], "tau": m["tau"],
         "acceptance_rate": m["acceptance_rate"], "wasted_verify_tokens": m["wasted_verify_tokens"],
         "padding_tokens": m["padding_tokens"], "draft_s": m["draft_s"], "verify_s": m["verify_s"],
-        "prefill_s": m["prefill_s"], "compactions": m["compactions"],
+        "prefill_s": m["prefill_s"], "compactions": m["compactions"], "decode_steps": m["decode_steps"],
+        "skipped_draft_steps": m["skipped_draft_steps"],
         "outputs": {index: out.token_ids for index, _, out in outputs},
     }
 
@@ -129,7 +130,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prepack", action="store_true", help="oneDNN-prepacked linears (hf_dspark.cpu_kernels)")
-    parser.add_argument("--sps-repeats", type=int, default=5)
+    parser.add_argument("--sps-repeats", type=int, default=3, help="timed repeats per step-cost grid point")
     parser.add_argument("--max-prefill-tokens", type=int, default=2048)
     parser.add_argument("--out", default="runs/bench_serving")
     args = parser.parse_args()
@@ -155,8 +156,9 @@ def main() -> None:
     print(f"target SmolLM2-135M-Instruct, drafter: {drafter_name}; {len(prompts)} prompts, policies {policies}, "
           f"concurrency {levels}", flush=True)
 
-    sps = profile_verify_sps(target, max_batch_tokens=max(levels) * (1 + gamma), row_len=1 + gamma,
-                             repeats=args.sps_repeats, cache_dir=sps_cache_dir)
+    # the engine's real step on this machine: drafter pass for R requests + padded verify of R rows × W tokens
+    sps = profile_step_cost(target, drafter, max_rows=max(levels), max_width=1 + gamma, repeats=args.sps_repeats,
+                            cache_dir=sps_cache_dir)
     slots = max(len(ids) for _, ids in prompts) + args.max_new_tokens + gamma + 1
     DSparkEngine(target, drafter, "fixed", sps=sps).generate([prompts[0][1]], 4)  # warm-up, not measured
 
@@ -185,7 +187,7 @@ def main() -> None:
     report = {"target": "HuggingFaceTB/SmolLM2-135M-Instruct (embedded, fp32)", "drafter": drafter_name,
               "drafter_trained": trained, "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "torch": torch.__version__, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-              "num_prompts": len(prompts), "sps": sps.to_dict(), "results": results}
+              "num_prompts": len(prompts), "step_cost": sps.to_dict(), "results": results}
     (out_dir / "results.json").write_text(json.dumps(report, indent=1))
     title = f"DSparkEngine on SmolLM2-135M ({'trained' if trained else 'UNTRAINED'} drafter, {args.threads} threads)"
     plot_throughput_frontier(results, out_dir / "frontier.png", title=title)

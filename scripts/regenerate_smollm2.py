@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--eval-dir", default="../shared/eval_datasets")
     parser.add_argument("--num-template", type=int, default=6000)
     parser.add_argument("--num-magpie", type=int, default=1500)
+    parser.add_argument("--magpie-max-new-tokens", type=int, default=64,
+                        help="length cap of a synthesised request (longer ones are dropped as rambling)")
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--threads", type=int, default=2)
@@ -56,14 +58,13 @@ def main() -> None:
     if not template_file.exists():
         _write_prompts(template_file, synthesise_template_prompts(args.num_template, seed=args.seed, guard=guard))
     magpie_file = out / "prompts_magpie.jsonl"
-    if args.num_magpie and not magpie_file.exists():
-        magpie = synthesise_magpie_prompts(model, tokenizer, args.num_magpie, seed=args.seed,
-                                           system_prompts=MAGPIE_SYSTEMS, guard=guard)
-        _write_prompts(magpie_file, magpie)
+    if args.num_magpie:  # resumable: continues an interrupted synthesis from the prompts already written
+        synthesise_magpie_prompts(model, tokenizer, args.num_magpie, seed=args.seed, system_prompts=MAGPIE_SYSTEMS,
+                                  guard=guard, out_path=magpie_file, max_new_tokens=args.magpie_max_new_tokens)
 
     prompts = read_prompts(template_file)
     if magpie_file.exists():
-        magpie = read_prompts(magpie_file)
+        magpie = read_prompts(magpie_file)[: args.num_magpie]
         # interleave so an early stop still leaves a mix of both sources
         prompts = [p for pair in zip(prompts, magpie) for p in pair] + prompts[len(magpie):] + magpie[len(prompts):]
     guard.raise_if_overlapping(prompts)

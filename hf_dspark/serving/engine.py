@@ -41,7 +41,7 @@ from ..modeling.target_taps import TargetFeatureTap
 from .batch import JoiningRow, RunningBatch
 from .metrics import EngineMetrics
 from .processing import BatchLogitsProcessor
-from .profiler import SPSProfile, profile_verify_sps
+from .profiler import SPSProfile, StepCostProfile, profile_step_cost
 from .requests import (
     FinishReason,
     Request,
@@ -67,7 +67,10 @@ class _Prefill:
 
 
 class _ProfileOnFirstUse:
-    """Stands in for the SPS table until a policy reads it, so SPS-blind policies never pay for profiling."""
+    """Stands in for the cost tables until a policy reads them, so cost-blind policies never pay for profiling.
+
+    SPS(B) lookups (``__call__``, ``lookup``) go to ``engine.sps``; the step-cost API (``verify``, ``draft``,
+    ``verify_widths``, ...) to ``engine.step_cost``."""
 
     def __init__(self, engine: DSparkEngine):
         self._engine = engine
@@ -75,8 +78,11 @@ class _ProfileOnFirstUse:
     def __call__(self, num_tokens: int) -> float:
         return self._engine.sps(num_tokens)
 
+    def lookup(self, num_tokens):
+        return self._engine.sps.lookup(num_tokens)
+
     def __getattr__(self, name: str):
-        return getattr(self._engine.sps, name)
+        return getattr(self._engine.step_cost, name)
 
 
 def _draft_width(policy: VerifyPolicy, block_size: int) -> int:
@@ -119,8 +125,10 @@ class DSparkEngine:
         max_request_tokens (`int`, defaults to the target's max positions, within max_batch_tokens): cap on
             prompt + max_new_tokens of one request; longer requests are rejected by ``submit``.
         max_prefill_tokens (`int`, defaults to 1024): prompt tokens prefilled per step (long prompts span steps).
-        sps (`SPSProfile | {B: steps/s} | None`): verify cost curve; None profiles the target on first use by an
-            SPS-aware policy over B = 1..max_running_requests·(1 + γ) (cached on disk in ``sps_cache_dir``).
+        sps (`StepCostProfile | SPSProfile | {B: steps/s} | None`): the step cost. None measures the engine's
+            own step on first use by a cost-aware policy (``profile_step_cost``: drafter pass for R requests and
+            padded verify of R rows × W tokens, R up to max_running_requests, W up to 1 + γ; cached on disk in
+            ``sps_cache_dir``). An SPS(B) table is read as verify(R, W) = 1/SPS(R·W) with no drafter cost.
         tokenizer: needed for text / chat prompts and for ``RequestOutput.text``.
         max_hole_fraction (`float`, defaults to 0.5): compact the batch cache when more of its columns are holes.
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
@@ -154,7 +162,7 @@ class DSparkEngine:
         self.log_interval_s = float(log_interval_s)
         self._raise_if_invalid_limits()
         self.default_eos_ids = _target_eos_ids(target)
-        self._sps_source, self._sps, self.sps_cache_dir = sps, None, sps_cache_dir
+        self._sps_source, self._sps, self._step_cost, self.sps_cache_dir = sps, None, None, sps_cache_dir
         self._sps_view = _ProfileOnFirstUse(self)
         self._cache_name = cache_kwarg(target)
         self._batch = RunningBatch(target.config, self.device)
@@ -182,23 +190,37 @@ class DSparkEngine:
     # SPS(B)
     # ------------------------------------------------------------------------------------------------------
     @property
+    def step_cost(self) -> StepCostProfile:
+        """Seconds of one decode step (drafter pass + padded verify); measured (or loaded from the disk cache)
+        on first access unless the engine was given a profile or an SPS table."""
+        if self._step_cost is None:
+            source, max_width = self._sps_source, 1 + max(self.draft_width, 1)
+            if isinstance(source, StepCostProfile):
+                self._step_cost = source
+            elif source is not None:
+                self._step_cost = StepCostProfile.from_sps(self.sps, max_width, self.max_running_requests)
+            else:
+                self._step_cost = profile_step_cost(self.target, self.draft if self.draft_width else None,
+                                                    max_rows=self.max_running_requests, max_width=max_width,
+                                                    cache_dir=self.sps_cache_dir)
+        return self._step_cost
+
+    @property
     def sps(self) -> SPSProfile:
-        """The verify cost curve; profiled (or loaded from the disk cache) on first access."""
+        """SPS(B): the table the engine was given, else the measured step cost read as SPS(B)."""
         if self._sps is None:
             source = self._sps_source
             if isinstance(source, SPSProfile):
                 self._sps = source
-            elif source is not None:
+            elif source is not None and not isinstance(source, StepCostProfile):
                 self._sps = SPSProfile.from_user_table(source)
             else:
-                row_len = 1 + max(self.draft_width, 1)
-                self._sps = profile_verify_sps(self.target, max_batch_tokens=self.max_running_requests * row_len,
-                                               row_len=row_len, cache_dir=self.sps_cache_dir)
+                self._sps = self.step_cost.as_sps()
         return self._sps
 
-    def profile_sps(self) -> SPSProfile:
+    def profile_sps(self) -> StepCostProfile:
         """Profile now (e.g. before serving) instead of at the first scheduled step."""
-        return self.sps
+        return self.step_cost
 
     # ------------------------------------------------------------------------------------------------------
     # Submission (any thread)
@@ -476,6 +498,9 @@ class DSparkEngine:
                           **{self._cache_name: batch.cache})
         num_accepted, next_tokens, output = self._accept(processor, drafts, lengths, out.logits[:, -width:].float(),
                                                          block)
+        observe = getattr(self.policy, "observe", None)
+        if observe is not None and block is not None and block.confidence is not None:
+            observe(block.confidence, lengths, num_accepted)  # online calibration from resolved drafts
         metrics.draft_seconds += mid - start
         metrics.verify_seconds += time.perf_counter() - mid
         self._commit(output, lengths, num_accepted, width)
@@ -490,6 +515,10 @@ class DSparkEngine:
         at most max_new_tokens - generated - 1 drafts, since the round always adds a recovered/bonus token)."""
         batch = self._batch
         if not self.draft_width:
+            return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
+        wants_drafts = getattr(self.policy, "wants_drafts", None)
+        if wants_drafts is not None and not wants_drafts(len(batch), self._sps_view):
+            self.engine_metrics.skipped_draft_steps += 1  # drafting cannot pay at this load: plain step
             return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
         remaining = torch.tensor([r.num_remaining for r in batch.requests], device=self.device)
         block = self.draft.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,

@@ -44,6 +44,7 @@ class EngineMetrics:
     finished: dict = field(default_factory=dict)  # finish reason -> count
     rejected_requests: int = 0
     compactions: int = 0
+    skipped_draft_steps: int = 0  # decode steps where the policy skipped the drafter (drafting could not pay)
     request_latencies: list[dict] = field(default_factory=list)  # per finished request (bounded, see below)
     max_kept_requests: int = 100_000
 
@@ -92,6 +93,7 @@ class EngineMetrics:
             "finished_requests": dict(self.finished),
             "rejected_requests": self.rejected_requests,
             "compactions": self.compactions,
+            "skipped_draft_steps": self.skipped_draft_steps,
             "mean_ttft_s": _mean([m["ttft_s"] for m in latencies]),
             "mean_itl_s": _mean([m["mean_itl_s"] for m in latencies]),
             "mean_request_tok_s": _mean([m["tokens_per_second"] for m in latencies]),

@@ -6,6 +6,12 @@ once it is compute-bound. The paper profiles it once at engine start and looks i
 cache the table on disk because profiling a real target takes seconds to minutes.
 
 ``SPSProfile`` is the table; ``profile_verify_sps`` measures it (or returns a cached / user-supplied one).
+
+The engine verifies a *padded* batch (R rows × width W = 1 + max ℓ_r) and runs the drafter every step it
+drafts, so the cost it actually pays is t_draft(R) + t_verify(R, W), not 1/SPS(Σ(1 + ℓ_r)). On a CPU the two
+differ a lot: one long row widens every row, and the drafter pass is a fixed price per step.
+``StepCostProfile`` measures exactly that grid (``profile_step_cost``); it still answers SPS(B) lookups (B
+tokens laid out in rows of 1 + γ) so every SPS-based policy can use it unchanged.
 """
 
 from __future__ import annotations
@@ -162,13 +168,21 @@ def verify_batch_shape(num_tokens: int, row_len: int) -> tuple[int, int]:
     return rows, -(-num_tokens // rows)
 
 
-@torch.inference_mode()
 def time_verify_forward(target, num_tokens: int, *, context_len: int, row_len: int, repeats: int,
                         device: torch.device, generator: torch.Generator) -> float:
     """Median wall time (s) of one verify forward over B tokens on top of a prefilled KV cache of context_len."""
+    rows, length = verify_batch_shape(num_tokens, row_len)
+    return time_padded_verify(target, rows, length, context_len=context_len, repeats=repeats, device=device,
+                              generator=generator)
+
+
+@torch.inference_mode()
+def time_padded_verify(target, rows: int, length: int, *, context_len: int, repeats: int, device: torch.device,
+                       generator: torch.Generator) -> float:
+    """Median wall time (s) of one verify forward of ``rows`` rows × ``length`` tokens, each row on top of its own
+    prefilled KV cache of ``context_len`` tokens (the engine's padded layout)."""
     from transformers import DynamicCache
 
-    rows, length = verify_batch_shape(num_tokens, row_len)
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (1, context_len), generator=generator).to(device)
     cache = DynamicCache(config=target.config)
@@ -265,6 +279,218 @@ def _measure(target, grid: list[int], *, context_len: int, row_len: int, repeats
                                                 "repeats": repeats})
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The engine's real step cost: drafter pass + padded verify
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepCostProfile:
+    """Seconds of one engine decode step on this machine, as the engine lays it out.
+
+    ``verify_seconds[i][k]``: target forward over ``rows[i]`` rows × ``widths[k]`` tokens (W = 1 + max ℓ_r);
+    ``draft_seconds[i]``: one batched drafter pass for ``rows[i]`` requests (0 where unknown). Between measured
+    row counts the cost is interpolated linearly; beyond the last it grows in proportion to the rows. Widths
+    are clipped to the measured range (the engine never verifies wider than 1 + γ).
+
+    It also answers SPS(B) like :class:`SPSProfile` (B tokens in rows of ``widths[-1]``), so SPS-based policies
+    and user code keep working when handed a step-cost profile.
+    """
+
+    rows: tuple[int, ...]  # strictly increasing, >= 1
+    widths: tuple[int, ...]  # strictly increasing, >= 1
+    verify_seconds: tuple[tuple[float, ...], ...]  # [len(rows)][len(widths)], > 0
+    draft_seconds: tuple[float, ...]  # [len(rows)], >= 0
+    metadata: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        rows, widths = tuple(int(r) for r in self.rows), tuple(int(w) for w in self.widths)
+        verify = tuple(tuple(float(x) for x in line) for line in self.verify_seconds)
+        draft = tuple(float(x) for x in self.draft_seconds)
+        for name, grid in (("rows", rows), ("widths", widths)):
+            if not grid or grid[0] < 1 or any(a >= b for a, b in zip(grid, grid[1:])):
+                raise ValueError(f"StepCostProfile.{name} must be non-empty, strictly increasing integers >= 1, "
+                                 f"got {grid}")
+        if len(verify) != len(rows) or any(len(line) != len(widths) for line in verify) or len(draft) != len(rows):
+            raise ValueError(f"StepCostProfile: verify_seconds must be [{len(rows)}][{len(widths)}] and "
+                             f"draft_seconds [{len(rows)}], got {[len(line) for line in verify]} and {len(draft)}")
+        values = np.array(verify)
+        if not np.all(np.isfinite(values)) or (values <= 0).any() or any(not (d >= 0 and d < float("inf"))
+                                                                          for d in draft):
+            raise ValueError("StepCostProfile: verify seconds must be finite and > 0, draft seconds finite and >= 0")
+        for name, value in (("rows", rows), ("widths", widths), ("verify_seconds", verify), ("draft_seconds", draft)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_verify", values)
+        object.__setattr__(self, "_sps", None)
+
+    # ---- lookup ------------------------------------------------------------------------------------------
+    def _at_rows(self, column: Sequence[float], num_rows: int) -> float:
+        """One column of the table at a row count (linear between measured rows, proportional beyond)."""
+        value = np.interp(min(num_rows, self.rows[-1]), self.rows, column)
+        return float(value) * max(num_rows / self.rows[-1], 1.0)
+
+    def verify_widths(self, num_rows: int) -> np.ndarray:
+        """Verify seconds for ``num_rows`` rows at every width widths[0]..widths[-1] (index = width − widths[0])."""
+        measured = [self._at_rows(self._verify[:, k], num_rows) for k in range(len(self.widths))]  # type: ignore
+        return np.interp(np.arange(self.widths[0], self.widths[-1] + 1), self.widths, measured)
+
+    def verify(self, num_rows: int, width: int) -> float:
+        """Seconds of a padded verify forward of ``num_rows`` rows × ``width`` tokens."""
+        width = int(np.clip(width, self.widths[0], self.widths[-1]))
+        return float(self.verify_widths(num_rows)[width - self.widths[0]])
+
+    def draft(self, num_rows: int) -> float:
+        """Seconds of one drafter pass for ``num_rows`` requests (0 when the profile has no drafter timings)."""
+        return self._at_rows(self.draft_seconds, num_rows)
+
+    @property
+    def max_width(self) -> int:
+        return self.widths[-1]
+
+    def as_sps(self) -> SPSProfile:
+        """SPS(B) for B tokens laid out in rows of ``max_width`` (as ``profile_verify_sps`` measures it)."""
+        if self._sps is None:  # type: ignore[attr-defined]
+            grid = default_batch_grid(self.rows[-1] * self.max_width)
+            sps = [1.0 / self.verify(*verify_batch_shape(b, self.max_width)) for b in grid]
+            object.__setattr__(self, "_sps", SPSProfile(tuple(grid), tuple(make_monotone(sps)),
+                                                        {"source": "step-cost", **self.metadata}))
+        return self._sps  # type: ignore[attr-defined]
+
+    def __call__(self, num_tokens: int) -> float:
+        return self.as_sps()(num_tokens)
+
+    def lookup(self, num_tokens) -> np.ndarray:
+        return self.as_sps().lookup(num_tokens)
+
+    # ---- construction / persistence ----------------------------------------------------------------------
+    @classmethod
+    def from_sps(cls, sps: SPSProfile, max_width: int, max_rows: int | None = None) -> "StepCostProfile":
+        """A step-cost view of an SPS(B) table (a user's, typically): verify(R, W) = 1/SPS(R·W), no drafter cost."""
+        max_rows = max_rows or max(1, -(-sps.max_batch_tokens // max_width))
+        rows = tuple(sorted({1, *[r for r in (2, 4, 8, 16, 32, 64, 128, 256) if r < max_rows], max_rows}))
+        widths = tuple(range(1, max_width + 1))
+        verify = tuple(tuple(1.0 / sps(r * w) for w in widths) for r in rows)
+        return cls(rows, widths, verify, tuple(0.0 for _ in rows), {**sps.metadata, "derived_from": "sps"})
+
+    def to_dict(self) -> dict:
+        return {"version": _CACHE_VERSION, "kind": "step-cost", "rows": list(self.rows), "widths": list(self.widths),
+                "verify_seconds": [list(line) for line in self.verify_seconds],
+                "draft_seconds": list(self.draft_seconds), "metadata": self.metadata}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "StepCostProfile":
+        return cls(tuple(data["rows"]), tuple(data["widths"]), tuple(tuple(x) for x in data["verify_seconds"]),
+                   tuple(data["draft_seconds"]), dict(data.get("metadata", {})))
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StepCostProfile":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def make_nondecreasing(table: np.ndarray) -> np.ndarray:
+    """Running max along every axis: timing noise must not make more rows or a wider batch look cheaper."""
+    out = np.array(table, dtype=np.float64)
+    for axis in range(out.ndim):
+        out = np.maximum.accumulate(out, axis=axis)
+    return out
+
+
+def default_row_grid(max_rows: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_rows`` (always included)."""
+    grid = [1]
+    while grid[-1] * 2 < max_rows:
+        grid.append(grid[-1] * 2)
+    return sorted(set(grid + [max_rows]))
+
+
+@torch.inference_mode()
+def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device: torch.device,
+                    generator: torch.Generator) -> float:
+    """Median wall time (s) of one batched ``draft_block`` for ``rows`` requests with ``context_len`` context."""
+    from ..modeling.modeling import DraftCache
+
+    features = torch.randn(rows, context_len, draft.fc.in_features, generator=generator).to(
+        device=device, dtype=draft.fc.weight.dtype)
+    positions = torch.arange(context_len, device=device).expand(rows, -1)
+    cache = draft.extend_context(DraftCache(), features, positions)
+    vocab = draft.config.vocab_size
+    anchors = torch.randint(0, vocab, (rows,), generator=generator).to(device)
+    anchor_positions = torch.full((rows,), context_len, device=device)
+    times = []
+    for i in range(repeats + 1):  # the first pass is a warm-up
+        _synchronize(device)
+        start = time.perf_counter()
+        draft.draft_block(cache, anchors, anchor_positions, confidence_threshold=0.0)
+        _synchronize(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int = 8, context_len: int = 256,
+                      repeats: int = 3, rows: Sequence[int] | None = None, cache_dir: str | os.PathLike | None = None,
+                      use_cache: bool = True, seed: int = 0) -> StepCostProfile:
+    """Measure the engine's step cost on this machine: verify(R, W) for R in ``rows`` (default 1, 2, 4, ...,
+    max_rows) and every W in 1..max_width, plus draft(R) when a drafter is given; cached on disk like SPS(B).
+
+    Costs are made non-decreasing in R and W (running max) so noise never rewards a bigger step."""
+    row_grid = sorted(set(int(r) for r in (rows or default_row_grid(max_rows))))
+    if not row_grid or row_grid[0] < 1 or max_width < 1:
+        raise ValueError(f"profile_step_cost: rows must be positive and max_width >= 1, got {row_grid}, {max_width}")
+    widths = list(range(1, max_width + 1))
+    param = next(target.parameters())
+    dtype, device = param.dtype, param.device
+    key = profile_cache_key(target, row_grid, context_len=context_len, row_len=max_width, dtype=dtype,
+                            device=device, repeats=repeats)
+    if draft is not None:
+        draft_config = draft.config.to_json_string(use_diff=False)
+        key = hashlib.sha256((key + "|step-cost|" + draft_config).encode()).hexdigest()[:24]
+    else:
+        key = hashlib.sha256((key + "|step-cost").encode()).hexdigest()[:24]
+    path = _cache_root(cache_dir) / f"step-{key}.json"
+    if use_cache and path.is_file():
+        try:
+            profile = StepCostProfile.load(path)
+            logger.info("step-cost profile: cache hit %s", path)
+            return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
+                                   {**profile.metadata, "source": "cache"})
+        except (ValueError, KeyError, json.JSONDecodeError) as err:
+            logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    modules = [m for m in (target, draft) if m is not None]
+    was_training = [m.training for m in modules]
+    for module in modules:
+        module.eval()
+    try:
+        time_padded_verify(target, row_grid[-1], max_width, context_len=context_len, repeats=1, device=device,
+                           generator=generator)  # global warm-up (see _measure)
+        verify = [[time_padded_verify(target, r, w, context_len=context_len, repeats=repeats, device=device,
+                                      generator=generator) for w in widths] for r in row_grid]
+        drafting = [time_draft_pass(draft, r, context_len=context_len, repeats=repeats, device=device,
+                                    generator=generator) if draft is not None else 0.0 for r in row_grid]
+    finally:
+        for module, mode in zip(modules, was_training):
+            module.train(mode)
+    profile = StepCostProfile(tuple(row_grid), tuple(widths), tuple(map(tuple, make_nondecreasing(np.array(verify)))),
+                              tuple(make_nondecreasing(np.array(drafting)).tolist()),
+                              {"source": "measured", "raw_verify_seconds": verify, "raw_draft_seconds": drafting,
+                               "context_len": context_len, "repeats": repeats, "key": key, "dtype": str(dtype),
+                               "device": str(device), "threads": torch.get_num_threads()})
+    logger.info("step-cost profile: R=%s × W=1..%d in %.1fs; verify(1,1)=%.1f ms, verify(%d,%d)=%.1f ms, "
+                "draft(1)=%.1f ms, draft(%d)=%.1f ms", row_grid, max_width, time.perf_counter() - start,
+                1e3 * profile.verify(1, 1), row_grid[-1], max_width, 1e3 * profile.verify(row_grid[-1], max_width),
+                1e3 * profile.draft(1), row_grid[-1], 1e3 * profile.draft(row_grid[-1]))
+    if use_cache:
+        profile.save(path)
+    return profile
+
+
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     if cache_dir is None:
         from ..embedded import default_cache_dir
@@ -273,5 +499,7 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(cache_dir) / _CACHE_SUBDIR
 
 
-__all__ = ["SPSProfile", "default_batch_grid", "make_monotone", "profile_cache_key", "profile_verify_sps",
+__all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "default_row_grid", "make_monotone",
+           "make_nondecreasing", "profile_cache_key", "profile_step_cost", "profile_verify_sps",
+           "time_draft_pass", "time_padded_verify",
            "time_verify_forward", "verify_batch_shape"]

@@ -10,7 +10,9 @@ Policies live in one registry (``register_policy``); the engine looks them up by
 * ``none``             ℓ = 0: plain continuous batching, the baseline.
 * ``fixed``            ℓ = min(γ_fixed, max_r).
 * ``threshold``        stop at the first draft whose own c_j is below a static threshold (DeepSpec's eval knob).
-* ``scheduled``        paper Algorithm 1: load-aware greedy on Θ = τ · SPS(B) with the lossless early-stop break.
+* ``scheduled``        paper Algorithm 1: load-aware greedy on Θ = τ · SPS(B) with the lossless early-stop break;
+                       handed the engine's :class:`StepCostProfile` it runs the same walk on the engine's real
+                       step (drafter pass + padded verify) and skips drafting on steps where it cannot pay.
 * ``scheduled-async``  paper §5.2: budget K from confidences two steps old (global search), then top-K now.
 
 Losslessness. Speculative sampling recovers the target distribution only if the decision "verify draft j" is
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from .profiler import SPSProfile
+    from .profiler import SPSProfile, StepCostProfile
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,19 @@ def throughput_path(values: ArrayLike, num_requests: int, sps: "SPSProfile") -> 
     return tau * sps.lookup(num_requests + np.arange(values.size + 1))
 
 
+def padded_width_path(survival: ArrayLike, cost: "StepCostProfile", *, drafted: bool = True) -> np.ndarray:
+    """Θ_w = (R + Σ_r Σ_{j≤w} a_{r,j}) / (t_draft(R) + t_verify(R, 1 + w)) for w = 0..γ: expected accepted tokens
+    per second of a padded step in which every request verifies its first min(w, max_r) drafts. [R, γ] -> [γ + 1].
+
+    In a padded batch the widest row sets the cost of all rows, so the candidates are widths, not single
+    drafts; a width w admits every candidate (r, j ≤ w), which is free for the rows that are narrower."""
+    survival = _as_numpy(survival).astype(np.float64)
+    num_requests, gamma = survival.shape
+    tau = num_requests + np.concatenate([[0.0], np.cumsum(survival.sum(axis=0))])
+    seconds = cost.verify_widths(num_requests)[: gamma + 1] + (cost.draft(num_requests) if drafted else 0.0)
+    return tau / seconds
+
+
 def lengths_from_admissions(rows: ArrayLike, num_admitted: int, num_requests: int) -> np.ndarray:
     """ℓ_r = how many of the first ``num_admitted`` candidates belong to r (= its longest admitted j, since
     admitted sets are contiguous prefixes)."""
@@ -238,16 +253,54 @@ class ScheduledPolicy:
     argmax over the whole path would also look at a_{r,j+1} = a_{r,j} · c_{r,j+1}(x_{r,j}) and admit x_{r,j}
     more readily when x_{r,j} has a confident continuation: selection bias. The price is optimality only when
     Θ is unimodal along the path (a smoothly falling SPS); ``scheduled-async`` handles jagged curves.
+
+    **The engine's padded step.** Handed a :class:`StepCostProfile` (what ``DSparkEngine`` passes), the walk
+    runs over verify widths w = 0, 1, .., γ with Θ_w from :func:`padded_width_path` (drafter pass included) and
+    the same break; ℓ_r = min(w, max_r). Lossless for the same reason: "w ≥ j" is settled by Θ_0..Θ_j, which
+    read a_{·,i ≤ j}, i.e. x_{r,<j} only. Before drafting, :meth:`wants_drafts` asks whether any width would beat
+    plain decoding at the current load, using the mean survival per position of earlier steps (drafts already
+    resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
+    probing again every ``probe_interval`` skipped steps so the estimate follows the traffic.
+
+    **Online calibration** (``online_calibration=True``, not in the paper). The engine reports each step's
+    outcomes (:meth:`observe`); per position j the policy keeps decayed sums of predicted c_j and realised
+    conditional acceptance over the drafts that were verified and reached, and multiplies c_j by their ratio.
+    Offline STS fixes the calibration on held-out data; live traffic can differ (our SmolLM2 drafter's
+    confidences were fitted where position 1 is accepted 57 % of the time, and real prompts accept ~25 %),
+    and an over-confident scheduler verifies more than pays. The factor depends on resolved rounds only, so
+    a'_{r,j} still reads x_{r,<j} alone: lossless as above.
     """
 
-    def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE):
+    def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
+                 probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
+                 calibration_decay: float = 0.995, calibration_prior: float = 16.0):
+        if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
+            raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
+                             f"{probe_interval}, {survival_momentum}")
+        if not 0.0 < calibration_decay <= 1.0 or calibration_prior < 0:
+            raise ValueError(f"scheduled: calibration_decay must be in (0, 1] and calibration_prior >= 0, got "
+                             f"{calibration_decay}, {calibration_prior}")
         self.missing_confidence = missing_confidence
+        self.probe_interval = probe_interval
+        self.survival_momentum = survival_momentum
+        self.online_calibration = online_calibration
+        self.calibration_decay = calibration_decay
+        self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
+        self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
+        self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
+        self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
+        self._skipped_in_a_row = 0
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
         lengths = _as_lengths(max_lengths)
         num_requests = lengths.size
-        survival = prefix_survival(fill_confidences(confidences, lengths, missing=self.missing_confidence))
+        conf = self.calibrated(fill_confidences(confidences, lengths, missing=self.missing_confidence))
+        survival = prefix_survival(conf)
+        if num_requests and survival.shape[1]:
+            self._remember(survival)
+        if hasattr(sps, "verify_widths"):
+            return _as_result(self._choose_width(survival, lengths, sps), max_lengths)
         rows, _, values = admission_order(survival)
         theta = throughput_path(values, num_requests, sps)
         num_admitted = num_leading_improvements(theta)
@@ -255,6 +308,73 @@ class ScheduledPolicy:
         logger.debug("scheduled: R=%d, admitted %d of %d candidates, Θ=%.3f", num_requests, num_admitted,
                      values.size, self.last_theta)
         return _as_result(lengths_from_admissions(rows, num_admitted, num_requests), max_lengths)
+
+    def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile") -> np.ndarray:
+        gamma = min(survival.shape[1], cost.max_width - 1)
+        theta = padded_width_path(survival[:, :gamma], cost)
+        width = num_leading_improvements(theta)
+        self.last_theta = float(theta[width])
+        logger.debug("scheduled (padded): R=%d, width %d of %d, Θ=%.3f", lengths.size, width, gamma,
+                     self.last_theta)
+        return np.minimum(lengths, width)
+
+    def calibration_factors(self, gamma: int) -> np.ndarray:
+        """Per-position multiplier of the confidences: (realised + prior) / (predicted + prior); 1 without data."""
+        if not self.online_calibration or self._predicted is None:
+            return np.ones(gamma)
+        predicted = np.resize(self._predicted, gamma) if self._predicted.size < gamma else self._predicted[:gamma]
+        realised = np.resize(self._realised, gamma) if self._realised.size < gamma else self._realised[:gamma]
+        prior = self.calibration_prior
+        return (realised + prior) / (predicted + prior)
+
+    def calibrated(self, conf: np.ndarray) -> np.ndarray:
+        if not self.online_calibration or self._predicted is None or conf.shape[1] == 0:
+            return conf
+        return np.clip(conf * self.calibration_factors(conf.shape[1])[None, :], 0.0, 1.0)
+
+    def observe(self, confidences, lengths, num_accepted) -> None:
+        """One step's outcome: ℓ_r verified drafts of which the first ``num_accepted_r`` were accepted.
+
+        Draft j of request r counts when it was verified (ℓ_r ≥ j) and reached (drafts < j accepted); its
+        prediction is the raw (STS-calibrated) c_{r,j}, its outcome whether it was accepted."""
+        if not self.online_calibration or confidences is None:
+            return
+        lengths, accepted = _as_lengths(lengths), _as_lengths(num_accepted)
+        conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
+        gamma = conf.shape[1]
+        positions = np.arange(1, gamma + 1)[None, :]
+        reached = (positions <= lengths[:, None]) & (positions <= accepted[:, None] + 1)
+        predicted = (conf * reached).sum(axis=0)
+        realised = (reached & (positions <= accepted[:, None])).sum(axis=0).astype(np.float64)
+        if self._predicted is None or self._predicted.size != gamma:
+            self._predicted, self._realised = np.zeros(gamma), np.zeros(gamma)
+        self._predicted = self.calibration_decay * self._predicted + predicted
+        self._realised = self.calibration_decay * self._realised + realised
+
+    def _remember(self, survival: np.ndarray) -> None:
+        mean = survival.mean(axis=0)
+        if self.mean_survival is None or self.mean_survival.shape != mean.shape:
+            self.mean_survival = mean
+        else:
+            self.mean_survival = self.survival_momentum * self.mean_survival + (1 - self.survival_momentum) * mean
+
+    def wants_drafts(self, num_requests: int, cost: "StepCostProfile") -> bool:
+        """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
+
+        Always True before the first drafted step (nothing known yet) and on every ``probe_interval``-th step
+        after a run of skipped ones."""
+        if self.mean_survival is None or not hasattr(cost, "verify_widths") or num_requests < 1:
+            return True
+        if self._skipped_in_a_row >= self.probe_interval:
+            self._skipped_in_a_row = 0
+            return True
+        survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
+        gamma = min(survival.shape[1], cost.max_width - 1)
+        drafting = padded_width_path(survival[:, :gamma], cost)
+        plain = num_requests / cost.verify(num_requests, 1)
+        pays = bool(drafting[1:].max(initial=0.0) > plain)
+        self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
+        return pays
 
 
 @register_policy("scheduled-async")
@@ -335,6 +455,7 @@ __all__ = [
     "lengths_from_admissions",
     "make_policy",
     "num_leading_improvements",
+    "padded_width_path",
     "prefix_survival",
     "register_policy",
     "throughput_path",

@@ -158,18 +158,42 @@ def regenerate_endpoint(endpoint: str, model_name: str, prompts: Sequence[Prompt
 @torch.inference_mode()
 def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, max_new_tokens: int = 96,
                               temperature: float = 1.0, top_p: float = 0.95, seed: int = 0,
-                              system_prompts: Sequence[str | None] = (None,), guard=None) -> list[Prompt]:
-    """Let the instruct target write user requests itself (Magpie), de-duplicated and overlap-checked."""
+                              system_prompts: Sequence[str | None] = (None,), guard=None,
+                              out_path: str | Path | None = None, progress: bool = True) -> list[Prompt]:
+    """Let the instruct target write user requests itself (Magpie), de-duplicated and overlap-checked.
+
+    With ``out_path`` every batch's new prompts are appended to that jsonl as they come (with the batch index),
+    and a rerun continues after the last batch written: on a CPU this takes tens of minutes, and a stopped run
+    must not lose them. Batch k always uses seed + k and system prompt k mod len, so a resumed run produces
+    what an uninterrupted one would."""
     prompts: list[Prompt] = []
+    first_attempt = 0
+    path = Path(out_path) if out_path is not None else None
+    if path is not None and path.exists():
+        text = path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):  # a write cut short: drop the partial line before appending
+            logger.warning("magpie: dropping a partial last line of %s (an interrupted write)", path)
+            text = text[: text.rfind("\n") + 1]
+            path.write_text(text, encoding="utf-8")
+        for line in text.splitlines():
+            if line.strip():
+                record = json.loads(line)
+                prompts.append(Prompt(tuple(record["turns"]), record.get("category", "magpie")))
+                first_attempt = max(first_attempt, int(record.get("attempt", -1)) + 1)
+        if len(prompts) >= num:
+            return prompts[:num]
     eos = tokenizer.eos_token_id
-    attempts = 0
-    while len(prompts) < num and attempts < max(4, 4 * num // batch_size):
+    max_attempts = max(4, 4 * num // batch_size)
+    bar = tqdm(total=num, initial=len(prompts), desc="magpie prompts", disable=not progress)
+    attempts = first_attempt
+    while len(prompts) < num and attempts < max_attempts:
         system = system_prompts[attempts % len(system_prompts)]
         prefix = magpie_prefix(tokenizer, system)
         enc = tokenizer([prefix] * batch_size, return_tensors="pt", add_special_tokens=False)
         torch.manual_seed(seed + attempts)
         out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p,
                              max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        known = len(prompts)
         for row in out[:, enc["input_ids"].shape[1]:].tolist():
             if eos not in row:  # the request never ended: likely rambling, drop it
                 continue
@@ -177,5 +201,14 @@ def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, 
             if 12 <= len(text) and (guard is None or not guard.overlaps(text)):
                 prompts.append(Prompt((text,), "magpie"))
         prompts = dedupe(prompts)
+        if path is not None:
+            with path.open("a", encoding="utf-8") as f:
+                for prompt in prompts[known:]:
+                    f.write(json.dumps({"turns": list(prompt.turns), "category": prompt.category,
+                                        "attempt": attempts}, ensure_ascii=False) + "\n")
+        bar.update(len(prompts) - known)
         attempts += 1
+    bar.close()
+    if len(prompts) < num:
+        logger.warning("magpie: only %d distinct prompts after %d batches (asked for %d)", len(prompts), attempts, num)
     return prompts[:num]

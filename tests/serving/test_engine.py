@@ -16,7 +16,7 @@ from scipy import stats
 from transformers.generation.logits_process import LogitsProcessorList
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.serving import SPSProfile
+from hf_dspark.serving import SPSProfile, StepCostProfile
 from hf_dspark.serving.engine import DSparkEngine
 from hf_dspark.serving.requests import (
     FinishReason,
@@ -275,6 +275,29 @@ def test_scheduled_budget_adapts_to_load(target, draft, continuations, monkeypat
         engine.generate(prompts, 12)
         by_load[running] = engine.metrics()["mean_verify_budget"]
     assert by_load[16] < by_load[1]
+
+
+def test_scheduled_skips_the_drafter_when_it_cannot_pay(target, draft, continuations, monkeypatch):
+    """With the engine's own step cost: a drafter pass that costs more than verifying can win back makes the
+    scheduler skip drafting (after learning the confidences once, plus periodic probes) and the output is still
+    plain greedy; a cheap drafter on a latency-bound machine is used every step."""
+    prompts = random_prompts(6, seed=5)
+    continuations = {tuple(p): plain_greedy(target, p, 16 + GAMMA) for p in prompts}
+    monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, continuations, pattern=(3,)))
+    rows, widths = (1, 2, 4, 8), tuple(range(1, GAMMA + 2))
+    flat = tuple(tuple(0.01 for _ in widths) for _ in rows)
+    results = {}
+    for name, draft_seconds in {"dear": 1.0, "cheap": 0.0001}.items():
+        cost = StepCostProfile(rows, widths, flat, tuple(draft_seconds for _ in rows))
+        engine = DSparkEngine(target, draft, "scheduled", sps=cost, policy_kwargs={"probe_interval": 4},
+                              max_running_requests=3)
+        outputs = engine.generate(prompts, 16)
+        assert [o.token_ids for o in outputs] == [continuations[tuple(p)][:16] for p in prompts]
+        results[name] = engine.metrics()
+    assert results["cheap"]["skipped_draft_steps"] == 0 and results["cheap"]["mean_verify_budget"] > 2.0
+    dear = results["dear"]
+    assert dear["skipped_draft_steps"] > dear["decode_steps"] / 2  # probes (every 4th) and the first step draft
+    assert dear["mean_verify_budget"] < results["cheap"]["mean_verify_budget"]
 
 
 def test_metrics_dict_and_log(target, draft, prompts, continuations, monkeypatch, caplog):

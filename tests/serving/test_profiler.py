@@ -1,4 +1,5 @@
-"""SPS(B) table: lookup/interpolation, persistence, and profiling a tiny random Llama with an on-disk cache."""
+"""SPS(B) and step-cost tables: lookup/interpolation, persistence, and profiling a tiny random Llama (and drafter)
+with an on-disk cache."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from hf_dspark.serving import SPSProfile, profile_verify_sps
+from hf_dspark import DSparkDraftModel
+from hf_dspark.serving import SPSProfile, StepCostProfile, profile_step_cost, profile_verify_sps
 from hf_dspark.serving import profiler
-from hf_dspark.serving.profiler import default_batch_grid, make_monotone, verify_batch_shape
+from hf_dspark.serving.profiler import (
+    default_batch_grid,
+    default_row_grid,
+    make_monotone,
+    make_nondecreasing,
+    verify_batch_shape,
+)
 
 from conftest import make_tiny_llama
 
@@ -104,3 +112,56 @@ def test_profiling_restores_train_mode(one_thread):
     target = make_tiny_llama(num_layers=1).train()
     sps = profile_verify_sps(target, [2, 8], context_len=8, row_len=4, repeats=1, use_cache=False)
     assert target.training and all(s > 0 for s in sps.steps_per_second)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# StepCostProfile: the engine's real step (drafter pass + padded verify)
+# ---------------------------------------------------------------------------------------------------------
+def test_step_cost_lookup_interpolates_and_extrapolates():
+    cost = StepCostProfile((1, 4), (1, 2, 4), ((1.0, 2.0, 4.0), (2.0, 4.0, 8.0)), (0.5, 1.0))
+    assert cost.verify(1, 1) == pytest.approx(1.0) and cost.verify(4, 4) == pytest.approx(8.0)
+    assert cost.verify(2, 4) == pytest.approx(4.0 + 4.0 / 3)  # linear in rows between measured ones
+    assert cost.verify(1, 3) == pytest.approx(3.0)  # linear in width between measured ones
+    assert cost.verify(8, 2) == pytest.approx(8.0)  # beyond the last row count: proportional to rows
+    assert cost.verify(1, 9) == cost.verify(1, 4) and cost.verify(1, 0) == cost.verify(1, 1)  # widths clipped
+    assert cost.verify_widths(1).tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    assert cost.draft(1) == pytest.approx(0.5) and cost.draft(8) == pytest.approx(2.0)
+    assert cost(4) == pytest.approx(1 / cost.verify(1, 4))  # SPS(B) view: B tokens in rows of max_width
+    with pytest.raises(ValueError, match="strictly increasing"):
+        StepCostProfile((2, 1), (1,), ((1.0,), (1.0,)), (0.0, 0.0))
+    with pytest.raises(ValueError, match="must be"):
+        StepCostProfile((1,), (1, 2), ((1.0,),), (0.0,))
+    with pytest.raises(ValueError, match="finite"):
+        StepCostProfile((1,), (1,), ((0.0,),), (0.0,))
+
+
+def test_step_cost_from_sps_and_round_trip(tmp_path):
+    sps = SPSProfile.from_user_table({1: 10.0, 8: 5.0, 64: 1.0})
+    cost = StepCostProfile.from_sps(sps, max_width=8, max_rows=8)
+    assert cost.rows[0] == 1 and cost.rows[-1] == 8 and cost.widths == tuple(range(1, 9))
+    assert cost.verify(1, 1) == pytest.approx(0.1) and cost.verify(8, 8) == pytest.approx(1.0)
+    assert cost.verify(2, 4) == pytest.approx(1 / sps(8)) and cost.draft(8) == 0.0
+    cost.save(tmp_path / "cost.json")
+    assert StepCostProfile.load(tmp_path / "cost.json") == cost
+    assert make_nondecreasing(np.array([[1.0, 0.5], [0.8, 2.0]])).tolist() == [[1.0, 1.0], [1.0, 2.0]]
+    assert default_row_grid(64) == [1, 2, 4, 8, 16, 32, 64] and default_row_grid(10) == [1, 2, 4, 8, 10]
+
+
+def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_thread):
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    cost = profile_step_cost(target, draft, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
+    assert cost.rows == (1, 2, 4) and cost.widths == (1, 2, 3, 4)
+    verify = np.array(cost.verify_seconds)
+    assert (verify > 0).all() and (np.diff(verify, axis=0) >= 0).all() and (np.diff(verify, axis=1) >= 0).all()
+    assert all(d > 0 for d in cost.draft_seconds) and list(cost.draft_seconds) == sorted(cost.draft_seconds)
+    assert cost.metadata["source"] == "measured" and not draft.training
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("profiled again despite a cached table")
+
+    monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
+    again = profile_step_cost(target, draft, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
+    assert again == cost and again.metadata["source"] == "cache"
+    with pytest.raises(AssertionError, match="profiled again"):  # without the drafter: another entry
+        profile_step_cost(target, None, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)

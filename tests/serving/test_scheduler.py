@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
-from hf_dspark.serving import SPSProfile, make_policy, register_policy
+from hf_dspark.serving import SPSProfile, StepCostProfile, make_policy, register_policy
 from hf_dspark.serving.scheduler import (
     admission_order,
     available_policies,
     expected_throughput,
     fill_confidences,
     lengths_from_admissions,
+    padded_width_path,
     prefix_survival,
     throughput_path,
 )
@@ -281,3 +283,90 @@ def test_registry():
         register_policy("broken-policy")(type("Broken", (), {}))
     with pytest.raises(ValueError, match="threshold must be in"):
         make_policy("threshold", threshold=1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine's padded step: walk over widths, drafter cost, skipping the drafter
+# ---------------------------------------------------------------------------------------------------------
+def step_cost(verify_per_token: float, fixed: float, draft: float, rows=(1, 2, 4, 8), max_width: int = 6):
+    """verify(R, W) = fixed + verify_per_token · R · W seconds, draft(R) = draft seconds."""
+    widths = tuple(range(1, max_width + 1))
+    return StepCostProfile(rows, widths, tuple(tuple(fixed + verify_per_token * r * w for w in widths) for r in rows),
+                           tuple(draft for _ in rows))
+
+
+def test_padded_walk_long_when_verifying_is_free_short_when_it_costs():
+    conf = [[0.9, 0.9, 0.8, 0.5, 0.3], [0.7, 0.6, 0.5, 0.5, 0.5]]
+    free = step_cost(verify_per_token=0.0, fixed=0.1, draft=0.0)
+    assert choose("scheduled", conf, [5, 5], free) == [5, 5]  # every admission adds tokens at no cost
+    assert choose("scheduled", conf, [5, 2], free) == [5, 2]  # never beyond what a request may verify
+    costly = step_cost(verify_per_token=1.0, fixed=0.0, draft=0.0)
+    assert choose("scheduled", conf, [5, 5], costly) == [0, 0]  # each width costs a full plain step per row
+    # a fixed drafter price is sunk once drafted: it makes longer widths relatively cheaper
+    mid = step_cost(verify_per_token=0.05, fixed=0.1, draft=0.0)
+    mid_drafted = step_cost(verify_per_token=0.05, fixed=0.1, draft=1.0)
+    assert sum(choose("scheduled", conf, [5, 5], mid_drafted)) >= sum(choose("scheduled", conf, [5, 5], mid))
+
+
+def test_padded_walk_width_matches_padded_theta():
+    conf = torch.tensor([[0.9, 0.8, 0.2, 0.9], [0.95, 0.9, 0.9, 0.1], [0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)
+    cost = step_cost(verify_per_token=0.02, fixed=0.1, draft=0.05, max_width=5)
+    theta = padded_width_path(prefix_survival(conf.numpy()), cost)
+    width = next((w for w in range(4) if theta[w + 1] <= theta[w]), 4)
+    assert choose("scheduled", conf.tolist(), [4, 4, 4], cost) == [width] * 3
+    assert theta[0] == pytest.approx(3 / (cost.draft(3) + cost.verify(3, 1)))
+
+
+def test_padded_walk_is_non_anticipating():
+    """Losslessness of the width walk: whether request r verifies draft j (ℓ_r ≥ j) may depend on confidences at
+    positions ≤ j only (c_{·,≤j} are computed from drafts < j); resampling every c at positions > j must never
+    change it, for any request and any j."""
+    rng = np.random.default_rng(0)
+    smooth = step_cost(verify_per_token=0.01, fixed=0.05, draft=0.02, max_width=7)
+    # a jagged curve (a cliff at W=3, flat after): where a global argmax over widths would peek ahead
+    jagged = StepCostProfile((1, 8), tuple(range(1, 8)), ((0.1, 0.1, 0.2, 0.2, 0.2, 0.2, 0.2),) * 2, (0.0, 0.0))
+    for trial in range(300):
+        cost = (smooth, jagged)[trial % 2]
+        num_requests = int(rng.integers(1, 6))
+        conf = rng.uniform(0.05, 1.0, size=(num_requests, 6))
+        lengths = np.array(choose("scheduled", conf.tolist(), [6] * num_requests, cost))
+        for j in range(1, 7):
+            other = conf.copy()
+            other[:, j:] = rng.uniform(0.05, 1.0, size=(num_requests, 6 - j))
+            again = np.array(choose("scheduled", other.tolist(), [6] * num_requests, cost))
+            assert ((lengths >= j) == (again >= j)).all()
+
+
+def test_wants_drafts_follows_load_and_probes():
+    policy = make_policy("scheduled", probe_interval=3)
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
+    assert policy.wants_drafts(4, dear)  # nothing known yet: draft to learn the confidences
+    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+    assert policy.wants_drafts(4, cheap)
+    decisions = [policy.wants_drafts(4, dear) for _ in range(8)]
+    assert decisions == [False, False, False, True, False, False, False, True]  # a probe after 3 skipped steps
+    # an SPS table (no step cost) gives no basis for skipping
+    assert policy.wants_drafts(4, SPSProfile.from_user_table({1: 1.0}))
+
+
+def test_online_calibration_corrects_over_confidence():
+    """Confidences of 0.9 that are never accepted: after some observed rounds the policy scales position 1 down
+    (only verified, reached drafts count), verifies less, and without it (online_calibration=False) it doesn't."""
+    cost = step_cost(verify_per_token=0.02, fixed=0.1, draft=0.0)
+    conf = torch.full((4, 5), 0.9, dtype=torch.float64)
+    online, offline = make_policy("scheduled"), make_policy("scheduled", online_calibration=False)
+    before = online.choose(conf, torch.full((4,), 5), cost).tolist()
+    assert before == offline.choose(conf, torch.full((4,), 5), cost).tolist() and before[0] > 0
+    for _ in range(50):
+        for policy in (online, offline):
+            policy.observe(conf, torch.tensor([3, 3, 0, 5]), torch.tensor([0, 0, 0, 0]))
+    factors = online.calibration_factors(5)
+    assert factors[0] < 0.2 and factors[1:] == pytest.approx(1.0)  # positions ≥ 2 were never reached
+    assert online.choose(conf, torch.full((4,), 5), cost).tolist() == [0, 0, 0, 0]
+    assert offline.choose(conf, torch.full((4,), 5), cost).tolist() == before
+    # accepted drafts count as realised: all accepted at confidence 0.5 -> factor > 1 (clipped c ≤ 1)
+    under = make_policy("scheduled")
+    for _ in range(50):
+        under.observe(torch.full((2, 3), 0.5, dtype=torch.float64), torch.tensor([3, 3]), torch.tensor([3, 3]))
+    assert (under.calibration_factors(3) > 1.5).all()
