@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -113,6 +114,36 @@ def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concur
     }
 
 
+def median_over_repeats(results: list[dict]) -> list[dict]:
+    """One record per (concurrency, policy): the median of every numeric field over the repeats (the machine is
+    shared; a single run per cell is too noisy to rank policies that differ by a few percent)."""
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for record in results:
+        groups.setdefault((record["concurrency"], record["policy"]), []).append(record)
+    summary = []
+    for (concurrency, policy), records in groups.items():
+        merged = {"concurrency": concurrency, "policy": policy, "repeats": len(records)}
+        for key, value in records[0].items():
+            values = [r.get(key) for r in records]
+            if key not in merged and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                merged[key] = statistics.median(values)
+        merged["throughput_runs"] = [r["throughput"] for r in records]
+        summary.append(merged)
+    return summary
+
+
+def print_summary(summary: list[dict], policies: list[str], levels: list[int]) -> None:
+    by_cell = {(r["concurrency"], r["policy"]): r for r in summary}
+    print("\nmedian throughput tok/s (per-user tok/s) over repeats")
+    print("C    | " + " | ".join(f"{p:>16s}" for p in policies))
+    for concurrency in levels:
+        cells = []
+        for policy in policies:
+            r = by_cell.get((concurrency, policy))
+            cells.append(f"{r['throughput']:7.1f} ({r['per_user_tps'] or 0:5.1f})" if r else " " * 16)
+        print(f"{concurrency:<4d} | " + " | ".join(f"{c:>16s}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", help="trained drafter dir (default: hf_dspark.load_default_drafter, else untrained)")
@@ -129,6 +160,8 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=8, help="... but at least this many")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per (concurrency, policy), order rotated; "
+                        "the summary, table and plot use medians")
     parser.add_argument("--prepack", action="store_true", help="oneDNN-prepacked linears (hf_dspark.cpu_kernels)")
     parser.add_argument("--sps-repeats", type=int, default=3, help="timed repeats per step-cost grid point")
     parser.add_argument("--max-prefill-tokens", type=int, default=2048)
@@ -166,31 +199,37 @@ def main() -> None:
     for concurrency in levels:
         num_requests = max(args.min_requests, round(args.requests_factor * concurrency))
         reference = None
-        for label in policies:
-            name, kwargs = parse_policy(label, args.threshold)
-            engine = DSparkEngine(target, drafter if name != "none" else None, name, policy_kwargs=kwargs, sps=sps,
-                                  max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
-                                  max_prefill_tokens=args.max_prefill_tokens, tokenizer=tokenizer)
-            record = run_level(engine, prompts, concurrency, num_requests, args.max_new_tokens, sampling)
-            outputs = record.pop("outputs")
-            if reference is None:
-                reference = outputs
-            elif not sampling:  # greedy: report how often the batched outputs equal the first policy's
-                same = sum(outputs[i] == reference[i] for i in reference)
-                record["greedy_agreement"] = same / len(reference)
-            record["policy"] = label
-            results.append(record)
-            print(f"C={concurrency:3d} {label:>16s}: {record['throughput']:7.1f} tok/s, per-user "
-                  f"{record['per_user_tps'] or 0:6.1f} tok/s, verify budget {record['mean_verify_budget']:.2f}, "
-                  f"tau {record['tau']:.2f}, TTFT {record['mean_ttft_s'] or 0:.2f}s", flush=True)
+        for repeat in range(args.repeats):
+            # rotate the order each repeat, so no policy always runs first (or right after a warm cache)
+            shift = repeat % len(policies)
+            for label in policies[shift:] + policies[:shift]:
+                name, kwargs = parse_policy(label, args.threshold)
+                engine = DSparkEngine(target, drafter if name != "none" else None, name, policy_kwargs=kwargs,
+                                      sps=sps, max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
+                                      max_prefill_tokens=args.max_prefill_tokens, tokenizer=tokenizer)
+                record = run_level(engine, prompts, concurrency, num_requests, args.max_new_tokens, sampling)
+                outputs = record.pop("outputs")
+                if reference is None:
+                    reference = outputs
+                elif not sampling:  # greedy: report how often the batched outputs equal the first run's
+                    same = sum(outputs[i] == reference[i] for i in reference)
+                    record["greedy_agreement"] = same / len(reference)
+                record["policy"], record["repeat"] = label, repeat
+                results.append(record)
+                print(f"C={concurrency:3d} {label:>16s} #{repeat}: {record['throughput']:7.1f} tok/s, per-user "
+                      f"{record['per_user_tps'] or 0:6.1f} tok/s, verify budget {record['mean_verify_budget']:.2f}, "
+                      f"tau {record['tau']:.2f}, TTFT {record['mean_ttft_s'] or 0:.2f}s", flush=True)
+    summary = median_over_repeats(results)
+    print_summary(summary, policies, levels)
 
     report = {"target": "HuggingFaceTB/SmolLM2-135M-Instruct (embedded, fp32)", "drafter": drafter_name,
               "drafter_trained": trained, "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "torch": torch.__version__, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-              "num_prompts": len(prompts), "step_cost": sps.to_dict(), "results": results}
+              "num_prompts": len(prompts), "repeats": args.repeats, "step_cost": sps.to_dict(),
+              "summary": summary, "results": results}
     (out_dir / "results.json").write_text(json.dumps(report, indent=1))
     title = f"DSparkEngine on SmolLM2-135M ({'trained' if trained else 'UNTRAINED'} drafter, {args.threads} threads)"
-    plot_throughput_frontier(results, out_dir / "frontier.png", title=title)
+    plot_throughput_frontier(summary, out_dir / "frontier.png", title=title)
     print(f"wrote {out_dir / 'results.json'} and {out_dir / 'frontier.png'}")
 
 
