@@ -37,6 +37,12 @@ def load_prompts(eval_dir: Path, per_benchmark: int, seed: int) -> list[tuple[st
     return prompts
 
 
+def load_heldout_prompts(path: Path, num: int) -> list[tuple[str, str]]:
+    """The last ``num`` records of a training-data jsonl: the held-out conversations, for choosing settings
+    (e.g. the confidence threshold) on data the benchmarks do not contain."""
+    return [(p.category or "heldout", p.first_turn) for p in read_prompts(path)[-num:]]
+
+
 def load_drafter(path: str | None, target, head: str):
     if path:
         return DSparkDraftModel.from_pretrained(path, target=target).eval(), f"{head} ({path})"
@@ -65,6 +71,11 @@ def main() -> None:
                         help="comma list: also run hf-dspark (prepacked) with dspark_confidence_threshold=each")
     parser.add_argument("--num-tokens", default="",
                         help="comma list: also run hf-dspark (prepacked) with dspark_num_tokens=each (fixed γ)")
+    parser.add_argument("--prompts", default=None, help="jsonl of held-out records to use instead of --eval-dir "
+                        "(the last --num-prompts records)")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prepacked-only", action="store_true",
+                        help="only the prepacked plain / hf-dspark configurations (and threshold / γ variants)")
     parser.add_argument("--out", default="runs/bench_generate")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -72,7 +83,7 @@ def main() -> None:
 
     target, tok = load_default_target()
     packed = prepack_linears(copy.deepcopy(target))
-    bf16 = None if args.skip_bf16 else copy.deepcopy(target).to(torch.bfloat16)
+    bf16 = None if args.skip_bf16 or args.prepacked_only else copy.deepcopy(target).to(torch.bfloat16)
     drafter_path = args.drafter
     if drafter_path is None:
         try:
@@ -95,6 +106,8 @@ def main() -> None:
         "hf-dspark fp32": (target, {"assistant_model": drafter}, "plain fp32"),
         "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, "plain fp32 prepacked"),
     }
+    if args.prepacked_only:
+        configs = {name: config for name, config in configs.items() if "prepacked" in name}
     for threshold in filter(None, args.thresholds.split(",")):
         configs[f"hf-dspark fp32 prepacked, threshold {threshold}"] = (
             packed, {"assistant_model": packed_drafter, "dspark_confidence_threshold": float(threshold)},
@@ -102,12 +115,13 @@ def main() -> None:
     for num in filter(None, args.num_tokens.split(",")):
         configs[f"hf-dspark fp32 prepacked, γ={num}"] = (
             packed, {"assistant_model": packed_drafter, "dspark_num_tokens": int(num)}, "plain fp32 prepacked")
-    if bf16 is not None:
+    if bf16 is not None and not args.prepacked_only:
         configs["plain bf16"] = (bf16, {}, "plain bf16")
-    if dflash is not None:
+    if dflash is not None and not args.prepacked_only:
         configs["hf-dflash fp32"] = (target, {"assistant_model": dflash}, "plain fp32")
 
-    prompts = load_prompts(Path(args.eval_dir), args.per_benchmark, args.seed)
+    prompts = (load_heldout_prompts(Path(args.prompts), args.num_prompts) if args.prompts
+               else load_prompts(Path(args.eval_dir), args.per_benchmark, args.seed))
     results = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
@@ -138,8 +152,9 @@ def main() -> None:
                 continue
             tps = sum(tokens[name]) / sum(times[name])
             base_tps = sum(tokens[base]) / sum(times[base])
+            plain_tps = (sum(tokens["plain fp32"]) / sum(times["plain fp32"])) if times.get("plain fp32") else None
             row = {"temperature": temperature, "config": name, "tok_s": tps, "ratio_vs_baseline": tps / base_tps,
-                   "baseline": base, "ratio_vs_plain_fp32": tps / (sum(tokens["plain fp32"]) / sum(times["plain fp32"])),
+                   "baseline": base, "ratio_vs_plain_fp32": tps / plain_tps if plain_tps else None,
                    "identical_to_plain_greedy": identical[name] if temperature == 0 else None}
             if stats[name]:
                 merged = stats[name][0]
@@ -155,9 +170,11 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps({"drafter": drafter_name, "prompts": len(prompts),
+                                                      "prompt_source": args.prompts or args.eval_dir,
                                                       "max_new_tokens": args.max_new_tokens,
                                                       "threads": args.threads, "results": results}, indent=2))
-    print(f"drafter: {drafter_name}; {len(prompts)} prompts ({', '.join(BENCHMARKS)}), "
+    source = f"last {args.num_prompts} of {args.prompts}" if args.prompts else ", ".join(BENCHMARKS)
+    print(f"drafter: {drafter_name}; {len(prompts)} prompts ({source}), "
           f"{args.max_new_tokens} new tokens, {args.threads} threads")
     print("| T | config | tok/s | × baseline | × plain fp32 | τ | c_draft | v(γ) | τ/(c+v) | greedy identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -165,7 +182,7 @@ def main() -> None:
         fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else "–"  # noqa: E731
         same = {True: "yes", False: "NO", None: "–"}[r["identical_to_plain_greedy"]]
         print(f"| {r['temperature']:g} | {r['config']} | {r['tok_s']:.1f} | {r['ratio_vs_baseline']:.2f} "
-              f"({r['baseline']}) | {r['ratio_vs_plain_fp32']:.2f} | {fmt('tau')} | {fmt('c_draft')} | "
+              f"({r['baseline']}) | {fmt('ratio_vs_plain_fp32')} | {fmt('tau')} | {fmt('c_draft')} | "
               f"{fmt('v_gamma')} | {fmt('bound_speedup')} | {same} |")
 
 
