@@ -482,6 +482,7 @@ class DSparkEngine:
     # ------------------------------------------------------------------------------------------------------
     def _decode(self, tap) -> None:
         batch, metrics = self._batch, self.engine_metrics
+        step_start = time.perf_counter()  # the whole step, compaction included, for the policy's cost check
         slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)
         if batch.compact_if_needed(1 + self.draft_width, slot_budget, self.max_hole_fraction):
             metrics.compactions += 1
@@ -509,6 +510,11 @@ class DSparkEngine:
             batch.draft_cache = self.draft.extend_context(batch.draft_cache, tap.features()[:, :width], positions,
                                                           kept)
         batch.commit_round(kept, next_tokens, num_accepted)
+        observe_step = getattr(self.policy, "observe_step", None)
+        if observe_step is not None:
+            drafted = block is not None
+            predicted = (self._sps_view.draft(len(kept)) if drafted else 0.0) + self._sps_view.verify(len(kept), width)
+            observe_step(drafted, predicted, time.perf_counter() - step_start)
 
     def _draft_and_choose(self, processor: BatchLogitsProcessor) -> tuple[DraftBlock | None, torch.Tensor]:
         """Draft for every row in one pass, then ℓ_r from the policy (never more than the request may still use:

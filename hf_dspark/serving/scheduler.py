@@ -286,6 +286,7 @@ class ScheduledPolicy:
         self.online_calibration = online_calibration
         self.calibration_decay = calibration_decay
         self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
+        self._time_ratio = {False: 1.0, True: 1.0}  # running actual / predicted step seconds: plain, drafted
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
@@ -358,6 +359,17 @@ class ScheduledPolicy:
         else:
             self.mean_survival = self.survival_momentum * self.mean_survival + (1 - self.survival_momentum) * mean
 
+    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float) -> None:
+        """A finished decode step: its wall time against the profile's prediction (drafter pass + verify)."""
+        if predicted_seconds > 0 and seconds > 0:
+            ratio = min(max(seconds / predicted_seconds, 0.25), 4.0)  # one hiccup must not swing the decision
+            momentum = self.survival_momentum
+            self._time_ratio[drafted] = momentum * self._time_ratio[drafted] + (1 - momentum) * ratio
+
+    @property
+    def step_time_ratios(self) -> dict[str, float]:
+        return {"plain": self._time_ratio[False], "drafted": self._time_ratio[True]}
+
     def wants_drafts(self, num_requests: int, cost: "StepCostProfile") -> bool:
         """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
 
@@ -370,8 +382,8 @@ class ScheduledPolicy:
             return True
         survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
         gamma = min(survival.shape[1], cost.max_width - 1)
-        drafting = padded_width_path(survival[:, :gamma], cost)
-        plain = num_requests / cost.verify(num_requests, 1)
+        drafting = padded_width_path(survival[:, :gamma], cost) / self._time_ratio[True]
+        plain = num_requests / (cost.verify(num_requests, 1) * self._time_ratio[False])
         pays = bool(drafting[1:].max(initial=0.0) > plain)
         self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
         return pays

@@ -370,3 +370,18 @@ def test_online_calibration_corrects_over_confidence():
     for _ in range(50):
         under.observe(torch.full((2, 3), 0.5, dtype=torch.float64), torch.tensor([3, 3]), torch.tensor([3, 3]))
     assert (under.calibration_factors(3) > 1.5).all()
+
+
+def test_measured_step_times_steer_the_drafting_decision():
+    """The profile says drafting pays; measured drafted steps take 3× their prediction (overheads the bare
+    forwards do not show), so after a few observed steps the policy stops drafting."""
+    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.01)
+    policy = make_policy("scheduled", probe_interval=100)
+    policy.choose(torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
+    assert policy.wants_drafts(4, cost)
+    for _ in range(30):
+        policy.observe_step(True, predicted_seconds=0.12, seconds=0.36)
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.1)
+    assert policy.step_time_ratios["drafted"] == pytest.approx(3.0, rel=0.1)
+    assert policy.step_time_ratios["plain"] == pytest.approx(1.0)
+    assert not policy.wants_drafts(4, cost)
