@@ -54,11 +54,18 @@ def main() -> None:
     p.add_argument("--repo-id", default=None, help="Hub id the card names")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--confidence-threshold", type=float, default=None,
+                   help="default dspark_confidence_threshold stored in the config (choose it on held-out prompts, "
+                        "e.g. with bench_generate.py --prompts ... --thresholds ...)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     target, _ = load_target(args.target)
     draft = DSparkDraftModel.from_pretrained(args.drafter, target=target).to(DTYPES[args.dtype]).eval()
+    if args.confidence_threshold is not None:
+        if not 0.0 <= args.confidence_threshold <= 1.0:
+            p.error(f"--confidence-threshold must be in [0, 1], got {args.confidence_threshold}")
+        draft.config.confidence_threshold = args.confidence_threshold
     info = DraftCardInfo(license="apache-2.0")
     if args.run or args.cache:
         info.training = summarize_training(args.cache, args.run, data=args.data)
