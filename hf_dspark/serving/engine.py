@@ -510,7 +510,9 @@ class DSparkEngine:
             batch.draft_cache = self.draft.extend_context(batch.draft_cache, tap.features()[:, :width], positions,
                                                           kept)
         batch.commit_round(kept, next_tokens, num_accepted)
-        observe_step = getattr(self.policy, "observe_step", None)
+        # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model
+        # (and in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
+        observe_step = getattr(self.policy, "observe_step", None) if self._sps_source is None else None
         if observe_step is not None:
             drafted = block is not None
             predicted = (self._sps_view.draft(len(kept)) if drafted else 0.0) + self._sps_view.verify(len(kept), width)
