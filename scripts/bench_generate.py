@@ -150,6 +150,7 @@ def main() -> None:
         for name, (model, extra, base) in configs.items():
             if not times[name]:
                 continue
+            base = base if times.get(base) else name  # its baseline was filtered out (--prepacked-only)
             tps = sum(tokens[name]) / sum(times[name])
             base_tps = sum(tokens[base]) / sum(times[base])
             plain_tps = (sum(tokens["plain fp32"]) / sum(times["plain fp32"])) if times.get("plain fp32") else None
@@ -160,7 +161,7 @@ def main() -> None:
                 merged = stats[name][0]
                 for s in stats[name][1:]:
                     merged = merged.merge(s)
-                per_token = sum(times[base]) / sum(tokens[base])  # plain seconds per token, same model
+                per_token = sum(times[base]) / sum(tokens[base])  # baseline seconds per token, same model
                 c_draft = merged.draft_seconds / merged.rounds / per_token
                 v_gamma = merged.verify_seconds / merged.rounds / per_token
                 row.update(tau=merged.tau, c_draft=c_draft, v_gamma=v_gamma,
