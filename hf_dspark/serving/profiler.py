@@ -112,15 +112,20 @@ class SPSProfile:
         return cls(tuple(data["batch_tokens"]), tuple(data["steps_per_second"]), dict(data.get("metadata", {})))
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        _save_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SPSProfile":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _save_json_atomic(path: str | os.PathLike, data: dict) -> None:
+    """Write via a temporary file and rename: a concurrent reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 def _dense_table(tokens: tuple[int, ...], sps: tuple[float, ...]) -> np.ndarray:
@@ -381,11 +386,7 @@ class StepCostProfile:
                    tuple(data["draft_seconds"]), dict(data.get("metadata", {})))
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)
+        _save_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StepCostProfile":
@@ -447,11 +448,8 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     dtype, device = param.dtype, param.device
     key = profile_cache_key(target, row_grid, context_len=context_len, row_len=max_width, dtype=dtype,
                             device=device, repeats=repeats)
-    if draft is not None:
-        draft_config = draft.config.to_json_string(use_diff=False)
-        key = hashlib.sha256((key + "|step-cost|" + draft_config).encode()).hexdigest()[:24]
-    else:
-        key = hashlib.sha256((key + "|step-cost").encode()).hexdigest()[:24]
+    draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
+    key = hashlib.sha256((key + "|step-cost|" + draft_config).encode()).hexdigest()[:24]
     path = _cache_root(cache_dir) / f"step-{key}.json"
     if use_cache and path.is_file():
         try:

@@ -321,12 +321,12 @@ class ScheduledPolicy:
 
     def calibration_factors(self, gamma: int) -> np.ndarray:
         """Per-position multiplier of the confidences: (realised + prior) / (predicted + prior); 1 without data."""
-        if not self.online_calibration or self._predicted is None:
-            return np.ones(gamma)
-        predicted = np.resize(self._predicted, gamma) if self._predicted.size < gamma else self._predicted[:gamma]
-        realised = np.resize(self._realised, gamma) if self._realised.size < gamma else self._realised[:gamma]
-        prior = self.calibration_prior
-        return (realised + prior) / (predicted + prior)
+        factors = np.ones(gamma)
+        if self.online_calibration and self._predicted is not None:
+            n = min(gamma, self._predicted.size)  # positions never observed keep factor 1
+            prior = self.calibration_prior
+            factors[:n] = (self._realised[:n] + prior) / (self._predicted[:n] + prior)
+        return factors
 
     def calibrated(self, conf: np.ndarray) -> np.ndarray:
         if not self.online_calibration or self._predicted is None or conf.shape[1] == 0:
