@@ -48,12 +48,17 @@ class RunningBatch:
         self.draft_cache: DraftCache | None = None
         self.anchors = torch.zeros(0, dtype=torch.long, device=device)  # [R]
         self.anchor_positions = torch.zeros(0, dtype=torch.long, device=device)  # [R]
+        # Target features of committed slots not yet projected into ``draft_cache``: while the scheduler skips
+        # the drafter, extending its context every step would be pure overhead, so it happens in one batched
+        # projection when drafts are next wanted (see ``defer_context`` / ``flush_context``).
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _reset(self) -> None:
         self.requests = []
         self.cache, self.draft_cache = None, None
         self.mask = self.mask.new_zeros(0, 0)
         self.anchors, self.anchor_positions = self.anchors[:0], self.anchor_positions[:0]
+        self._pending = []
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -66,6 +71,8 @@ class RunningBatch:
         """Stack freshly prefilled requests onto the batch (one copy of the cache for all of them)."""
         if not rows:
             return
+        if self._pending:
+            raise RuntimeError("flush_context() before join(): deferred drafter context has no rows for new requests")
         parts = [] if self.cache is None else [(self.cache, self.mask)]
         for row in rows:
             length = row.cache.get_seq_length()
@@ -93,6 +100,7 @@ class RunningBatch:
         self.mask = self.mask[index]
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(index)
+        self._pending = [(f[index], p[index], v[index]) for f, p, v in self._pending]
         self.anchors, self.anchor_positions = self.anchors[index], self.anchor_positions[index]
         # the rows that left may have been the only ones using the last columns
         self.mask = crop_trailing_holes(self.cache, self.mask)
@@ -103,6 +111,24 @@ class RunningBatch:
         self.mask = crop_trailing_holes(self.cache, torch.cat([self.mask, kept.long()], dim=1))
         self.anchors = next_tokens
         self.anchor_positions = self.anchor_positions + num_accepted + 1
+
+    @property
+    def num_deferred_steps(self) -> int:
+        return len(self._pending)
+
+    def defer_context(self, features: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """Remember one round's target features [R, W, m·d] (slots at ``positions``, committed where ``valid``)
+        for the drafter context; nothing is computed until :meth:`flush_context`."""
+        self._pending.append((features, positions, valid))
+
+    def flush_context(self, draft) -> None:
+        """Project every deferred round into ``draft_cache`` at once (slot order is irrelevant to the drafter:
+        its attention masks by position and validity)."""
+        if not self._pending:
+            return
+        features, positions, valid = (torch.cat(parts, dim=1) for parts in zip(*self._pending))
+        self._pending = []
+        self.draft_cache = draft.extend_context(self.draft_cache, features, positions, valid)
 
     def removable_slots(self) -> int:
         """Slot columns compaction would free: width minus the longest row's committed slots."""

@@ -134,6 +134,9 @@ class DSparkEngine:
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
     """
 
+    # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
+    max_deferred_steps: int = 64
+
     def __init__(self, target, draft=None, policy: str | VerifyPolicy = "scheduled", *,
                  policy_kwargs: Mapping | None = None, max_batch_tokens: int = 32768, max_running_requests: int = 64,
                  max_request_tokens: int | None = None, max_prefill_tokens: int = 1024,
@@ -356,7 +359,10 @@ class DSparkEngine:
             try:
                 with torch.no_grad(), self._feature_tap() as tap:
                     self._admit()
-                    self._batch.join(self._prefill(tap))
+                    joining = self._prefill(tap)
+                    if joining and self.draft_width:
+                        self._batch.flush_context(self.draft)
+                    self._batch.join(joining)
                     if len(self._batch):
                         self._decode(tap)
                 self._retire()
@@ -507,8 +513,9 @@ class DSparkEngine:
         self._commit(output, lengths, num_accepted, width)
         kept = torch.arange(width, device=self.device)[None, :] <= num_accepted[:, None]  # anchor + accepted
         if self.draft_width:
-            batch.draft_cache = self.draft.extend_context(batch.draft_cache, tap.features()[:, :width], positions,
-                                                          kept)
+            batch.defer_context(tap.features()[:, :width], positions, kept)
+            if batch.num_deferred_steps >= self.max_deferred_steps:
+                batch.flush_context(self.draft)  # bounded memory while the drafter stays skipped
         batch.commit_round(kept, next_tokens, num_accepted)
         # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model
         # (and in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
@@ -529,6 +536,7 @@ class DSparkEngine:
             self.engine_metrics.skipped_draft_steps += 1  # drafting cannot pay at this load: plain step
             return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
         remaining = torch.tensor([r.num_remaining for r in batch.requests], device=self.device)
+        batch.flush_context(self.draft)
         block = self.draft.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
                                        num_tokens=self.draft_width, do_sample=processor.do_sample,
                                        logits_processor=processor,

@@ -1,0 +1,60 @@
+"""RunningBatch: deferring the drafter-context update while the drafter is skipped changes nothing it drafts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.serving.batch import RunningBatch
+
+
+def _rounds(drafter, rows: int, seed: int = 0):
+    """Three rounds of fake target features for ``rows`` rows: a prompt chunk, a 3-wide verify, a 1-wide step."""
+    g = torch.Generator().manual_seed(seed)
+    width = drafter.config.hidden_size * len(drafter.config.target_layer_ids)
+    start = torch.zeros(rows, dtype=torch.long)
+    out = []
+    for w in (4, 3, 1):
+        positions = start[:, None] + torch.arange(w)
+        valid = torch.rand(rows, w, generator=g) > 0.3
+        valid[:, 0] = True
+        out.append((torch.randn(rows, w, width, generator=g), positions, valid))
+        start = start + w
+    return out, start
+
+
+@torch.no_grad()
+def test_deferred_context_drafts_like_eager_updates(tiny_target, tiny_drafter):
+    rounds, next_pos = _rounds(tiny_drafter, rows=3)
+    eager = DraftCache()
+    for feats, pos, valid in rounds:
+        eager = tiny_drafter.extend_context(eager, feats, pos, valid)
+    keep = torch.tensor([0, 2])
+    eager = eager.select_rows(keep)
+
+    batch = RunningBatch(tiny_target.config, torch.device("cpu"))
+    batch.requests = [object()] * 3  # only the row count matters to keep()
+    batch.cache = type("NoCache", (), {"batch_select_indices": lambda self, i: None, "crop": lambda self, n: None})()
+    batch.mask = torch.ones(3, 1, dtype=torch.long)
+    batch.anchors, batch.anchor_positions = torch.zeros(3, dtype=torch.long), next_pos.clone()
+    batch.draft_cache = tiny_drafter.extend_context(DraftCache(), *rounds[0])
+    for feats, pos, valid in rounds[1:]:
+        batch.defer_context(feats, pos, valid)
+    assert batch.num_deferred_steps == 2
+    batch.keep([0, 2])
+    batch.flush_context(tiny_drafter)
+    assert batch.num_deferred_steps == 0
+
+    anchors = torch.tensor([5, 7])
+    expected = tiny_drafter.forward_block(eager, anchors, next_pos[keep])
+    actual = tiny_drafter.forward_block(batch.draft_cache, anchors, next_pos[keep])
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_join_refuses_unflushed_context(tiny_target, tiny_drafter):
+    batch = RunningBatch(tiny_target.config, torch.device("cpu"))
+    rounds, _ = _rounds(tiny_drafter, rows=1)
+    batch.defer_context(*rounds[0])
+    with pytest.raises(RuntimeError, match="flush_context"):
+        batch.join([object()])
