@@ -478,16 +478,32 @@ class DSparkDraftModel(PreTrainedModel):
         gamma = min(num_tokens or self.config.block_size, self.config.block_size)
         threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
         hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
-        base_logits = self.compute_draft_logits(hidden).float()  # draft space; to_target_vocab maps it
-        bsz, vocab = base_logits.shape[0], base_logits.shape[-1]
         head, top_k = self.markov_head, self.config.sequential_top_k
+        bsz = hidden.shape[0]
+        # Under a threshold, c_k (a function of h_k and x_<k only) is evaluated before slot k is drafted, and
+        # drafting ends once every row has stopped: slots nobody will verify cost no LM head, sequential head or
+        # logits processing (on a CPU most rounds of a weak drafter stop at slot 0).
+        early_exit = bool(threshold and threshold > 0 and self.confidence_head is not None)
+        base_logits = None if early_exit else self.compute_draft_logits(hidden).float()
         state = head.init_state(bsz, hidden) if head is not None else None
         tokens = anchor_ids.new_zeros(bsz, gamma)
-        all_logits, all_probs, conf_logits = [], [], []
+        all_base, all_logits, all_probs, conf_logits = [], [], [], []
+        stop_at = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
         prev = anchor_ids
+        drafted = 0
         for k in range(gamma):
-            logits = base_logits[:, k]
             prev_emb = head.markov_w1(prev) if head is not None else None
+            if self.confidence_head is not None:
+                conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
+            if early_exit:
+                c_k = self.confidence_from_logits(torch.stack(conf_logits, dim=-1))[:, k]
+                stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
+                if bool((stop_at <= k).all()):
+                    break
+            base = base_logits[:, k] if base_logits is not None else self.compute_draft_logits(hidden[:, k]).float()
+            all_base.append(base)
+            logits = base
+            vocab = base.shape[-1]
             if head is not None:
                 u, state = head.step(hidden[:, k], prev_emb, state)
                 if top_k and top_k < vocab:
@@ -499,8 +515,6 @@ class DSparkDraftModel(PreTrainedModel):
                     logits = self.to_target_vocab(logits + head.bias(u).float())
             else:
                 logits = self.to_target_vocab(logits)
-            if self.confidence_head is not None:
-                conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
             if logits_processor is not None:
                 ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
                 logits = logits_processor(ids, logits)
@@ -512,6 +526,7 @@ class DSparkDraftModel(PreTrainedModel):
                 tokens[:, k] = logits.argmax(dim=-1)
             all_logits.append(logits)
             prev = tokens[:, k]
+            drafted = k + 1
         z = torch.stack(conf_logits, dim=1) if conf_logits else None
         confidence = self.confidence_from_logits(z) if z is not None else None
         num_drafts = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
@@ -519,8 +534,12 @@ class DSparkDraftModel(PreTrainedModel):
             # stop at the first slot whose own c_k (a function of x_<k only) is below the threshold
             below = confidence < threshold
             num_drafts = torch.where(below.any(-1), below.float().argmax(-1), num_drafts)
-        return DraftBlock(tokens=tokens, num_drafts=num_drafts, draft_logits=torch.stack(all_logits, 1),
-                          draft_probs=torch.stack(all_probs, 1) if do_sample else None, base_logits=base_logits,
+        empty = hidden.new_zeros(bsz, 0, self.config.vocab_size)
+        return DraftBlock(tokens=tokens[:, :drafted], num_drafts=num_drafts,
+                          draft_logits=torch.stack(all_logits, 1) if all_logits else empty,
+                          draft_probs=(torch.stack(all_probs, 1) if all_probs else empty) if do_sample else None,
+                          base_logits=base_logits if base_logits is not None else (
+                              torch.stack(all_base, 1) if all_base else hidden.new_zeros(bsz, 0, self.config.draft_vocab_size or self.config.vocab_size)),
                           hidden=hidden, confidence=confidence, confidence_logits=z)
 
 

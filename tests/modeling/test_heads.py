@@ -149,3 +149,25 @@ def test_confidence_threshold_stops_at_the_first_low_slot(tiny_target):
         below = (block.confidence[row] < threshold).nonzero()
         expected = int(below[0]) if len(below) else GAMMA
         assert int(stopped.num_drafts[row]) == expected
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@torch.no_grad()
+def test_threshold_drafts_only_slots_someone_will_verify(tiny_target, do_sample):
+    """Under a threshold, drafting ends once every row has stopped; the drafted slots are the full block's."""
+    model = make_drafter(tiny_target, "markov")
+    full = draft(model, do_sample=do_sample)
+    per_row_stop = []
+    for threshold in sorted(set(full.confidence.flatten().tolist())) + [1.01]:
+        block = draft(model, do_sample=do_sample, confidence_threshold=threshold)
+        below = full.confidence < threshold
+        expected = torch.where(below.any(-1), below.float().argmax(-1), torch.full((2,), GAMMA))
+        assert torch.equal(block.num_drafts, expected)
+        drafted = block.tokens.shape[1]
+        assert drafted == int(expected.max())  # nothing beyond the longest proposal
+        assert torch.equal(block.tokens, full.tokens[:, :drafted])
+        torch.testing.assert_close(block.draft_logits, full.draft_logits[:, :drafted])
+        if do_sample:
+            torch.testing.assert_close(block.draft_probs, full.draft_probs[:, :drafted])
+        per_row_stop.append(drafted)
+    assert per_row_stop[-1] == 0 and max(per_row_stop) > 0  # 1.01: no slot drafted at all
