@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Stage 2 of the SmolLM2 recipe (session 3): more varied data, then both drafters continue side by side.
+# Continue the SmolLM2 recipe with more Magpie data (stage 2 = session 3: PREV=smollm2 NEXT=smollm2-v3 NUM_MAGPIE=700;
+# stage 3 = session 4: PREV=smollm2-v3 NEXT=smollm2-v4 NUM_MAGPIE=1400):
 #   1. Magpie prompts (the target writes user requests itself), answered by the target  -> data/smollm2-magpie/
-#   2. the stage-1 cache extended with all but the last HOLDOUT magpie records (a copy, stage 1 stays intact)
-#   3. DSpark and DFlash continue from their stage-1 drafters (--init-from): identical data, steps, seed
-#   4. held-out set = the last HOLDOUT records of both data files (runs/heldout-v3.jsonl): validation + STS
+#   2. the PREV cache copied and extended with all but the last HOLDOUT magpie records (PREV stays intact)
+#   3. DSpark and DFlash continue from their PREV drafters (--init-from): identical data, steps, seed
+#   4. held-out set = the last HOLDOUT records of both data files: validation + STS
+#   5. τ per benchmark for both drafters
 # Resumable: rerun to continue (regeneration and training resume; the cache skips cached ids).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RUNS=${RUNS:-runs}
+PREV=${PREV:-smollm2}
+NEXT=${NEXT:-smollm2-v3}
+PREV_CACHE=${PREV_CACHE:-$RUNS/cache/$PREV}
+NEXT_CACHE=$RUNS/cache/$NEXT
+TAG=${NEXT#smollm2-}
+HELDOUT_FILE=$RUNS/heldout-$TAG.jsonl
 STEPS=${STEPS:-1900}
 MAX_MINUTES=${MAX_MINUTES:-40}
 LR=${LR:-5e-4}
@@ -21,23 +29,23 @@ if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
       --max-new-tokens 256 --batch-size 24 --threads "$THREADS" --seed 1
 fi
 N=$(wc -l < data/smollm2-magpie/train.jsonl)
-[ -d "$RUNS/cache/smollm2-v3" ] || cp -r "$RUNS/cache/smollm2" "$RUNS/cache/smollm2-v3"
-$PY scripts/build_target_cache.py --data data/smollm2-magpie/train.jsonl --out "$RUNS/cache/smollm2-v3" \
+[ -d "$NEXT_CACHE" ] || cp -r "$PREV_CACHE" "$NEXT_CACHE"
+$PY scripts/build_target_cache.py --data data/smollm2-magpie/train.jsonl --out "$NEXT_CACHE" \
     --limit $((N - HOLDOUT)) --max-length 1024 --batch-size 8 --threads "$THREADS" --logsumexp
-{ tail -n "$HOLDOUT" data/smollm2/train.jsonl; tail -n "$HOLDOUT" data/smollm2-magpie/train.jsonl; } > "$RUNS/heldout-v3.jsonl"
+{ tail -n "$HOLDOUT" data/smollm2/train.jsonl; tail -n "$HOLDOUT" data/smollm2-magpie/train.jsonl; } > "$HELDOUT_FILE"
 for head in markov none; do
-  $PY scripts/train_drafter.py --cache "$RUNS/cache/smollm2-v3" --out "$RUNS/smollm2-v3-$head" \
-      --init-from "$RUNS/smollm2-$head/drafter" --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" \
+  $PY scripts/train_drafter.py --cache "$NEXT_CACHE" --out "$RUNS/$NEXT-$head" \
+      --init-from "$RUNS/$PREV-$head/drafter" --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" \
       --lr "$LR" --max-minutes "$MAX_MINUTES" --threads $((THREADS > 1 ? THREADS / 2 : 1)) --save-steps 200 \
       --resume --no-progress &
 done
 wait
-$PY scripts/validate_checkpoints.py --runs "$RUNS/smollm2-v3-markov" "$RUNS/smollm2-v3-none" \
-    --data "$RUNS/heldout-v3.jsonl" --holdout $((2 * HOLDOUT)) --cache "$RUNS/cache/smollm2-v3-holdout" \
-    --train-cache "$RUNS/cache/smollm2-v3" --out "$RUNS/validation-v3" --threads "$THREADS"
-$PY scripts/calibrate_drafter.py --drafter "$RUNS/smollm2-v3-markov/drafter" --out "$RUNS/smollm2-v3-markov/calibrated" \
-    --prompts "$RUNS/heldout-v3.jsonl" --num-prompts $((2 * HOLDOUT)) --max-new-tokens 128 --batch-size 8 \
+$PY scripts/validate_checkpoints.py --runs "$RUNS/$NEXT-markov" "$RUNS/$NEXT-none" \
+    --data "$HELDOUT_FILE" --holdout $((2 * HOLDOUT)) --cache "$RUNS/cache/$NEXT-holdout" \
+    --train-cache "$NEXT_CACHE" --out "$RUNS/validation-$TAG" --threads "$THREADS"
+$PY scripts/calibrate_drafter.py --drafter "$RUNS/$NEXT-markov/drafter" --out "$RUNS/$NEXT-markov/calibrated" \
+    --prompts "$HELDOUT_FILE" --num-prompts $((2 * HOLDOUT)) --max-new-tokens 128 --batch-size 8 \
     --threads "$THREADS"
-$PY scripts/eval_drafter.py --drafter "$RUNS/smollm2-v3-markov/calibrated" --baseline-drafter "$RUNS/smollm2-v3-none/drafter" \
-    --out "$RUNS/eval-smollm2-v3" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 \
+$PY scripts/eval_drafter.py --drafter "$RUNS/$NEXT-markov/calibrated" --baseline-drafter "$RUNS/$NEXT-none/drafter" \
+    --out "$RUNS/eval-$NEXT" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 \
     --max-samples "${EVAL_SAMPLES:-8}" --max-new-tokens 128 --batch-size 8 --no-speedup --threads "$THREADS"
