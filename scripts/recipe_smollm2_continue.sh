@@ -4,7 +4,7 @@
 #   1. Magpie prompts (the target writes user requests itself), answered by the target  -> data/smollm2-magpie/
 #   2. the PREV cache copied and extended with all but the last HOLDOUT magpie records (PREV stays intact)
 #   3. DSpark and DFlash continue from their PREV drafters (--init-from): identical data, steps, seed
-#   4. held-out set = the last HOLDOUT records of both data files: validation + STS
+#   4. held-out set = the last HOLDOUT records of both data files: validation (PREV and NEXT drafters) + STS
 #   5. τ per benchmark for both drafters
 # Resumable: rerun to continue (regeneration and training resume; the cache skips cached ids).
 set -euo pipefail
@@ -40,7 +40,7 @@ for head in markov none; do
       --resume --no-progress &
 done
 wait
-$PY scripts/validate_checkpoints.py --runs "$RUNS/$NEXT-markov" "$RUNS/$NEXT-none" \
+$PY scripts/validate_checkpoints.py --runs "$RUNS/$PREV-markov" "$RUNS/$PREV-none" "$RUNS/$NEXT-markov" "$RUNS/$NEXT-none" \
     --data "$HELDOUT_FILE" --holdout $((2 * HOLDOUT)) --cache "$RUNS/cache/$NEXT-holdout" \
     --train-cache "$NEXT_CACHE" --out "$RUNS/validation-$TAG" --threads "$THREADS"
 $PY scripts/calibrate_drafter.py --drafter "$RUNS/$NEXT-markov/drafter" --out "$RUNS/$NEXT-markov/calibrated" \
