@@ -167,14 +167,15 @@ class DraftBlock:
     leading drafts row b proposes for verification (< γ only under a confidence threshold).
     """
 
-    tokens: torch.Tensor  # [B, γ] long
+    # γ' = γ, except under a confidence threshold, where only slots up to the longest proposal are drafted
+    tokens: torch.Tensor  # [B, γ'] long
     num_drafts: torch.Tensor  # [B] long
-    draft_logits: torch.Tensor  # [B, γ, V] processed logits the tokens were drawn from
-    draft_probs: torch.Tensor | None  # [B, γ, V]
-    base_logits: torch.Tensor  # [B, γ, V'] U_k over the draft vocabulary (no sequential bias, no processors)
+    draft_logits: torch.Tensor  # [B, γ', V] processed logits the tokens were drawn from
+    draft_probs: torch.Tensor | None  # [B, γ', V]
+    base_logits: torch.Tensor  # [B, γ', V'] U_k over the draft vocabulary (no sequential bias, no processors)
     hidden: torch.Tensor  # [B, γ, d] final-normed backbone states h_k
-    confidence: torch.Tensor | None  # [B, γ] calibrated c_k
-    confidence_logits: torch.Tensor | None  # [B, γ] raw logits z_k
+    confidence: torch.Tensor | None  # [B, γ''] calibrated c_k of every evaluated slot (γ' ≤ γ'' ≤ γ)
+    confidence_logits: torch.Tensor | None  # [B, γ''] raw logits z_k
 
 
 # Callables run with the target whenever a drafter is bound to it (layers above modeling register here, so
