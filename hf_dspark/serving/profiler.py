@@ -393,9 +393,25 @@ class StepCostProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+def isotonic_fit(values: Sequence[float]) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool adjacent violators): one slow timing is averaged with its
+    neighbours instead of raising every later entry, as a running max would."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for value in map(float, values):
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * weight) / (blocks[-1][1] + weight),
+                          blocks[-1][1] + weight]
+    return np.concatenate([np.full(int(weight), mean) for mean, weight in blocks]) if blocks else np.zeros(0)
+
+
 def make_nondecreasing(table: np.ndarray) -> np.ndarray:
-    """Running max along every axis: timing noise must not make more rows or a wider batch look cheaper."""
+    """Non-decreasing along every axis (timing noise must not make more rows or a wider batch look cheaper):
+    an isotonic fit per axis, then a running max for what fitting one axis undid on another."""
     out = np.array(table, dtype=np.float64)
+    for axis in range(out.ndim):
+        out = np.apply_along_axis(isotonic_fit, axis, out)
     for axis in range(out.ndim):
         out = np.maximum.accumulate(out, axis=axis)
     return out
@@ -439,7 +455,7 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     """Measure the engine's step cost on this machine: verify(R, W) for R in ``rows`` (default 1, 2, 4, ...,
     max_rows) and every W in 1..max_width, plus draft(R) when a drafter is given; cached on disk like SPS(B).
 
-    Costs are made non-decreasing in R and W (running max) so noise never rewards a bigger step."""
+    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step."""
     row_grid = sorted(set(int(r) for r in (rows or default_row_grid(max_rows))))
     if not row_grid or row_grid[0] < 1 or max_width < 1:
         raise ValueError(f"profile_step_cost: rows must be positive and max_width >= 1, got {row_grid}, {max_width}")
@@ -449,7 +465,7 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     key = profile_cache_key(target, row_grid, context_len=context_len, row_len=max_width, dtype=dtype,
                             device=device, repeats=repeats)
     draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
-    key = hashlib.sha256((key + "|step-cost|" + draft_config).encode()).hexdigest()[:24]
+    key = hashlib.sha256((key + "|step-cost-isotonic|" + draft_config).encode()).hexdigest()[:24]
     path = _cache_root(cache_dir) / f"step-{key}.json"
     if use_cache and path.is_file():
         try:
@@ -498,6 +514,6 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
 
 
 __all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "default_row_grid", "make_monotone",
-           "make_nondecreasing", "profile_cache_key", "profile_step_cost", "profile_verify_sps",
+           "isotonic_fit", "make_nondecreasing", "profile_cache_key", "profile_step_cost", "profile_verify_sps",
            "time_draft_pass", "time_padded_verify",
            "time_verify_forward", "verify_batch_shape"]

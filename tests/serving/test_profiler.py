@@ -16,6 +16,7 @@ from hf_dspark.serving.profiler import (
     default_batch_grid,
     default_row_grid,
     make_monotone,
+    isotonic_fit,
     make_nondecreasing,
     verify_batch_shape,
 )
@@ -143,7 +144,9 @@ def test_step_cost_from_sps_and_round_trip(tmp_path):
     assert cost.verify(2, 4) == pytest.approx(1 / sps(8)) and cost.draft(8) == 0.0
     cost.save(tmp_path / "cost.json")
     assert StepCostProfile.load(tmp_path / "cost.json") == cost
-    assert make_nondecreasing(np.array([[1.0, 0.5], [0.8, 2.0]])).tolist() == [[1.0, 1.0], [1.0, 2.0]]
+    fitted = make_nondecreasing(np.array([[1.0, 0.5], [0.8, 2.0]]))
+    np.testing.assert_allclose(fitted, [[0.7, 0.7], [0.9, 2.0]])
+    assert (np.diff(fitted, axis=0) >= 0).all() and (np.diff(fitted, axis=1) >= 0).all()
     assert default_row_grid(64) == [1, 2, 4, 8, 16, 32, 64] and default_row_grid(10) == [1, 2, 4, 8, 10]
 
 
@@ -165,3 +168,16 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
     assert again == cost and again.metadata["source"] == "cache"
     with pytest.raises(AssertionError, match="profiled again"):  # without the drafter: another entry
         profile_step_cost(target, None, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
+
+
+def test_isotonic_fit_averages_a_slow_outlier_instead_of_raising_everything_after_it():
+    np.testing.assert_allclose(isotonic_fit([1.0, 3.0, 2.0, 4.0]), [1.0, 2.5, 2.5, 4.0])
+    # one slow timing at W=2: a running max would make W=2..5 cost 5; the least-squares monotone fit pools it
+    np.testing.assert_allclose(isotonic_fit([1.0, 5.0, 1.0, 1.0, 1.0, 6.0]), [1.0, 2.0, 2.0, 2.0, 2.0, 6.0])
+    assert isotonic_fit([]).size == 0 and isotonic_fit([2.0]).tolist() == [2.0]
+    rng = np.random.default_rng(0)
+    table = np.cumsum(rng.uniform(0, 1, (5, 8)), axis=1) + np.arange(5)[:, None] + rng.normal(0, 0.3, (5, 8))
+    fitted = make_nondecreasing(table)
+    assert (np.diff(fitted, axis=0) >= -1e-12).all() and (np.diff(fitted, axis=1) >= -1e-12).all()
+    assert np.abs(fitted - table).mean() < np.abs(np.maximum.accumulate(np.maximum.accumulate(table, 0), 1)
+                                                  - table).mean()
