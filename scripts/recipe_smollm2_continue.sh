@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Continue the SmolLM2 recipe with more Magpie data (stage 2 = session 3: PREV=smollm2 NEXT=smollm2-v3 NUM_MAGPIE=700;
+# Continue the SmolLM2 recipe with more Magpie data (stage 2 = session 3: PREV=smollm2 NEXT=smollm2-v3 NUM_MAGPIE=700 STEPS=1700;
 # stage 3 = session 4: PREV=smollm2-v3 NEXT=smollm2-v4 NUM_MAGPIE=1400 STEPS=1500 MAX_MINUTES=42 EVAL_SAMPLES=6):
 #   1. Magpie prompts (the target writes user requests itself), answered by the target  -> data/smollm2-magpie/
 #   2. the PREV cache copied and extended with all but the last HOLDOUT magpie records (PREV stays intact)
