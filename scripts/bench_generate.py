@@ -69,6 +69,9 @@ def main() -> None:
     parser.add_argument("--skip-bf16", action="store_true")
     parser.add_argument("--thresholds", default="",
                         help="comma list: also run hf-dspark (prepacked) with dspark_confidence_threshold=each")
+    parser.add_argument("--unpacked-thresholds", default="",
+                        help="comma list: also run hf-dspark on the stock (not prepacked) fp32 target with "
+                             "dspark_confidence_threshold=each")
     parser.add_argument("--num-tokens", default="",
                         help="comma list: also run hf-dspark (prepacked) with dspark_num_tokens=each (fixed γ)")
     parser.add_argument("--prompts", default=None, help="jsonl of held-out records to use instead of --eval-dir "
@@ -112,6 +115,9 @@ def main() -> None:
         configs[f"hf-dspark fp32 prepacked, threshold {threshold}"] = (
             packed, {"assistant_model": packed_drafter, "dspark_confidence_threshold": float(threshold)},
             "plain fp32 prepacked")
+    for threshold in filter(None, args.unpacked_thresholds.split(",")):
+        configs[f"hf-dspark fp32, threshold {threshold}"] = (
+            target, {"assistant_model": drafter, "dspark_confidence_threshold": float(threshold)}, "plain fp32")
     for num in filter(None, args.num_tokens.split(",")):
         configs[f"hf-dspark fp32 prepacked, γ={num}"] = (
             packed, {"assistant_model": packed_drafter, "dspark_num_tokens": int(num)}, "plain fp32 prepacked")
