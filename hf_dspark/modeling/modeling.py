@@ -455,11 +455,13 @@ class DSparkDraftModel(PreTrainedModel):
     # ---------------------------------------------------------------------------------------------------
     # Sequential sampling: the drafting primitive shared by generate, the engine, training eval and evaluation
     # ---------------------------------------------------------------------------------------------------
-    def confidence_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated c_k = σ(z_k / T_k) (T_k from STS; 1 when uncalibrated). logits [..., γ]."""
+    def confidence_from_logits(self, logits: torch.Tensor, first_position: int = 0) -> torch.Tensor:
+        """Calibrated c_k = σ(z_k / T_k) (T_k from STS; 1 when uncalibrated). logits [..., n] hold positions
+        ``first_position`` .. ``first_position + n - 1``."""
         temps = self.config.confidence_temperatures
         if temps is not None:
-            logits = logits / torch.tensor(temps[: logits.shape[-1]], dtype=logits.dtype, device=logits.device)
+            temps = temps[first_position: first_position + logits.shape[-1]]
+            logits = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)
         return torch.sigmoid(logits)
 
     @torch.no_grad()
@@ -489,6 +491,7 @@ class DSparkDraftModel(PreTrainedModel):
         state = head.init_state(bsz, hidden) if head is not None else None
         tokens = anchor_ids.new_zeros(bsz, gamma)
         all_base, all_logits, all_probs, conf_logits = [], [], [], []
+        # first slot whose own c_k (a function of x_<k only) is below the threshold; γ = proposes every draft
         stop_at = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
         prev = anchor_ids
         drafted = 0
@@ -497,12 +500,14 @@ class DSparkDraftModel(PreTrainedModel):
             if self.confidence_head is not None:
                 conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
             if early_exit:
-                c_k = self.confidence_from_logits(torch.stack(conf_logits, dim=-1))[:, k]
+                c_k = self.confidence_from_logits(conf_logits[-1][:, None], first_position=k)[:, 0]
                 stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
                 if bool((stop_at <= k).all()):
                     break
-            base = base_logits[:, k] if base_logits is not None else self.compute_draft_logits(hidden[:, k]).float()
-            all_base.append(base)
+                base = self.compute_draft_logits(hidden[:, k]).float()
+                all_base.append(base)
+            else:
+                base = base_logits[:, k]
             logits = base
             vocab = base.shape[-1]
             if head is not None:
@@ -530,18 +535,14 @@ class DSparkDraftModel(PreTrainedModel):
             drafted = k + 1
         z = torch.stack(conf_logits, dim=1) if conf_logits else None
         confidence = self.confidence_from_logits(z) if z is not None else None
-        num_drafts = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
-        if threshold and threshold > 0 and confidence is not None:
-            # stop at the first slot whose own c_k (a function of x_<k only) is below the threshold
-            below = confidence < threshold
-            num_drafts = torch.where(below.any(-1), below.float().argmax(-1), num_drafts)
+        if base_logits is None:  # early exit: only the drafted slots have base logits
+            draft_vocab = self.config.draft_vocab_size or self.config.vocab_size
+            base_logits = torch.stack(all_base, 1) if all_base else hidden.new_zeros(bsz, 0, draft_vocab)
         empty = hidden.new_zeros(bsz, 0, self.config.vocab_size)
-        return DraftBlock(tokens=tokens[:, :drafted], num_drafts=num_drafts,
+        return DraftBlock(tokens=tokens[:, :drafted], num_drafts=stop_at,
                           draft_logits=torch.stack(all_logits, 1) if all_logits else empty,
                           draft_probs=(torch.stack(all_probs, 1) if all_probs else empty) if do_sample else None,
-                          base_logits=base_logits if base_logits is not None else (
-                              torch.stack(all_base, 1) if all_base else hidden.new_zeros(bsz, 0, self.config.draft_vocab_size or self.config.vocab_size)),
-                          hidden=hidden, confidence=confidence, confidence_logits=z)
+                          base_logits=base_logits, hidden=hidden, confidence=confidence, confidence_logits=z)
 
 
 def _sample_rows(probs: torch.Tensor, generator) -> torch.Tensor:
