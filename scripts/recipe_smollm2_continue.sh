@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Continue the SmolLM2 recipe with more Magpie data (stage 2 = session 3: PREV=smollm2 NEXT=smollm2-v3 NUM_MAGPIE=700 STEPS=1700;
-# stage 3 = session 4: PREV=smollm2-v3 NEXT=smollm2-v4 NUM_MAGPIE=1400 STEPS=1500 MAX_MINUTES=42 EVAL_SAMPLES=6):
+# stage 3 = session 4: PREV=smollm2-v3 NEXT=smollm2-v4 NUM_MAGPIE=1400 STEPS=1500 MAX_MINUTES=42 EVAL_SAMPLES=6;
+# stage 4 = session 5, same data, drafters deepened to 2 layers: PREV=smollm2-v4 NEXT=smollm2-v5 SKIP_REGENERATE=1
+#   NEXT_CACHE=runs/cache/smollm2-v4 GROW_TO_LAYERS=2 STEPS=2200 MAX_MINUTES=80 EVAL_SAMPLES=6):
 #   1. Magpie prompts (the target writes user requests itself), answered by the target  -> data/smollm2-magpie/
 #   2. the PREV cache copied and extended with all but the last HOLDOUT magpie records (PREV stays intact)
 #   3. DSpark and DFlash continue from their PREV drafters (--init-from): identical data, steps, seed
@@ -14,7 +16,7 @@ RUNS=${RUNS:-runs}
 PREV=${PREV:-smollm2}
 NEXT=${NEXT:-smollm2-v3}
 PREV_CACHE=${PREV_CACHE:-$RUNS/cache/$PREV}
-NEXT_CACHE=$RUNS/cache/$NEXT
+NEXT_CACHE=${NEXT_CACHE:-$RUNS/cache/$NEXT}
 TAG=${NEXT#smollm2-}
 HELDOUT_FILE=$RUNS/heldout-$TAG.jsonl
 STEPS=${STEPS:-1900}
@@ -23,6 +25,7 @@ LR=${LR:-5e-4}
 HOLDOUT=${HOLDOUT:-32}
 NUM_MAGPIE=${NUM_MAGPIE:-700}
 THREADS=${THREADS:-2}
+GROW=${GROW_TO_LAYERS:+--grow-to-layers $GROW_TO_LAYERS}
 
 if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
   $PY scripts/regenerate_smollm2.py --out data/smollm2-magpie --num-template 0 --num-magpie "$NUM_MAGPIE" \
@@ -35,7 +38,7 @@ $PY scripts/build_target_cache.py --data data/smollm2-magpie/train.jsonl --out "
 { tail -n "$HOLDOUT" data/smollm2/train.jsonl; tail -n "$HOLDOUT" data/smollm2-magpie/train.jsonl; } > "$HELDOUT_FILE"
 for head in markov none; do
   $PY scripts/train_drafter.py --cache "$NEXT_CACHE" --out "$RUNS/$NEXT-$head" \
-      --init-from "$RUNS/$PREV-$head/drafter" --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" \
+      --init-from "$RUNS/$PREV-$head/drafter" $GROW --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" \
       --lr "$LR" --max-minutes "$MAX_MINUTES" --threads $((THREADS > 1 ? THREADS / 2 : 1)) --save-steps 200 \
       --resume --no-progress &
 done

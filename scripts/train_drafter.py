@@ -42,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--init-from", default=None,
                        help="start from this trained drafter's weights (and its architecture / draft vocabulary) "
                             "with a fresh schedule, e.g. to continue a finished run on more data")
+    model.add_argument("--grow-to-layers", type=int, default=None,
+                       help="with --init-from: deepen the loaded drafter to this many layers; the new layers start "
+                            "as zero-output copies of its last layer, so training resumes from what it proposes")
     model.add_argument("--draft-vocab-size", type=int, default=None,
                        help="propose only the N most frequent answer tokens of the cache (default: full vocabulary)")
     length = p.add_argument_group("length (--steps or --epochs sets the schedule; --max-minutes only stops early)")
@@ -69,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     run.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.grow_to_layers and not args.init_from:
+        p.error("--grow-to-layers deepens a trained drafter: give --init-from (or --num-layers for a new one)")
     if (args.steps is None) == (args.epochs is None):
         p.error("give exactly one of --steps or --epochs (the LR schedule needs a length; --max-minutes only "
                 "stops early)")
@@ -99,6 +104,10 @@ def main(argv=None) -> None:
         drafter = DSparkDraftModel.from_pretrained(args.init_from, target=target).to(param_dtype)
         draft_vocab = drafter.draft_to_target
         args.head = drafter.config.sequential_head
+        if args.grow_to_layers:
+            logger.info("Growing the drafter from %d to %d layer(s)", drafter.config.num_hidden_layers,
+                        args.grow_to_layers)
+            drafter.grow_layers(args.grow_to_layers)
         logger.info("Initialised from %s (%s head, %d layer(s), draft vocabulary %s); architecture options ignored",
                     args.init_from, args.head, drafter.config.num_hidden_layers,
                     drafter.config.draft_vocab_size or "full")
@@ -128,7 +137,7 @@ def main(argv=None) -> None:
         progress=not args.no_progress)
     num_params = sum(p.numel() for p in drafter.parameters())
     logger.info("Drafter: %s head, %d layer(s), block %d, %.1fM trainable parameters; %d samples, %d steps",
-                args.head, args.num_layers, args.block_size, num_params / 1e6, len(dataset), steps)
+                args.head, drafter.config.num_hidden_layers, drafter.config.block_size, num_params / 1e6, len(dataset), steps)
     trainer = DSparkTrainer(drafter, dataset, config, accelerator=accelerator)
     last = trainer.train(resume=args.resume)
     if last:

@@ -15,6 +15,7 @@ our checkpoints, never given gradients); :meth:`DSparkDraftModel.bind_target` at
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -281,6 +282,30 @@ class DSparkDraftModel(PreTrainedModel):
         self._draft_head_cache = None
 
     @torch.no_grad()
+    def grow_layers(self, num_layers: int) -> "DSparkDraftModel":
+        """Deepen a trained drafter to ``num_layers`` without changing what it computes.
+
+        Each new layer is a copy of the current last layer whose output projections (attention ``o_proj`` and MLP
+        ``down_proj``) are zeroed, so its residual contribution starts at exactly zero: the grown drafter proposes
+        what the trained one did and training continues from there instead of from scratch. Gradients reach the
+        zeroed projections at once (their inputs are the copied layer's activations) and the rest of the new
+        layer as soon as those move. Why: on a CPU budget a deeper drafter trained from scratch cannot catch up
+        with a shallow one that has already seen thousands of steps.
+        """
+        current = len(self.layers)
+        if num_layers < current:
+            raise ValueError(f"Cannot shrink a drafter from {current} to {num_layers} layers.")
+        for _ in range(num_layers - current):
+            layer = copy.deepcopy(self.layers[-1])
+            for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                projection.weight.zero_()
+                if projection.bias is not None:
+                    projection.bias.zero_()
+            self.layers.append(layer)
+        self.config.num_hidden_layers = num_layers
+        return self
+
+    @torch.no_grad()
     def _init_final_norm_from(self, target) -> None:
         """Start the final norm from the target's: h then reaches the frozen LM head at the scale it was trained
         for, so short (CPU) training runs do not spend their first steps rediscovering that scale."""
@@ -456,12 +481,14 @@ class DSparkDraftModel(PreTrainedModel):
     # Sequential sampling: the drafting primitive shared by generate, the engine, training eval and evaluation
     # ---------------------------------------------------------------------------------------------------
     def confidence_from_logits(self, logits: torch.Tensor, first_position: int = 0) -> torch.Tensor:
-        """Calibrated c_k = σ(z_k / T_k) (T_k from STS; 1 when uncalibrated). logits [..., n] hold positions
-        ``first_position`` .. ``first_position + n - 1``."""
-        temps = self.config.confidence_temperatures
+        """Calibrated c_k = σ(z_k / T_k + b_k) (T_k, b_k from STS; 1 and 0 when uncalibrated). logits [..., n] hold
+        positions ``first_position`` .. ``first_position + n - 1``."""
+        window = slice(first_position, first_position + logits.shape[-1])
+        temps, offsets = self.config.confidence_temperatures, getattr(self.config, "confidence_offsets", None)
         if temps is not None:
-            temps = temps[first_position: first_position + logits.shape[-1]]
-            logits = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)
+            logits = logits / torch.tensor(temps[window], dtype=logits.dtype, device=logits.device)
+        if offsets is not None:
+            logits = logits + torch.tensor(offsets[window], dtype=logits.dtype, device=logits.device)
         return torch.sigmoid(logits)
 
     @torch.no_grad()

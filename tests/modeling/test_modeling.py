@@ -216,3 +216,29 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, target, head):
     # sum in another order, so outputs agree to float rounding rather than bitwise.
     torch.testing.assert_close(blocks[0].draft_logits, blocks[1].draft_logits, rtol=0, atol=1e-6)
 
+
+
+# -------------------------------------------------------------------------------------------------------
+# Growing a trained drafter
+# -------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def test_grown_drafter_proposes_what_it_did_and_trains_the_new_layer(tmp_path, tiny_target):
+    model = make_drafter(tiny_target, num_layers=1)
+    cache_args, anchor, pos = (features(8), torch.arange(8)[None]), torch.tensor([3]), torch.tensor([8])
+    before = model.draft_block(model.extend_context(DraftCache(), *cache_args), anchor, pos)
+    model.grow_layers(3)
+    assert len(model.layers) == 3 and model.config.num_hidden_layers == 3
+    after = model.draft_block(model.extend_context(DraftCache(), *cache_args), anchor, pos)
+    assert torch.equal(after.tokens, before.tokens)
+    torch.testing.assert_close(after.draft_logits, before.draft_logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(after.confidence, before.confidence, rtol=0, atol=1e-6)
+    # the zeroed output projections get a gradient at once (otherwise the new layer would never train)
+    with torch.enable_grad():
+        hidden = block_hidden(model, features(8), anchor, pos)
+        hidden.square().sum().backward()
+    assert model.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert model.layers[2].mlp.down_proj.weight.grad.abs().sum() > 0
+    model.save_pretrained(tmp_path)
+    assert len(DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target).layers) == 3
+    with pytest.raises(ValueError, match="shrink"):
+        model.grow_layers(2)
