@@ -1,9 +1,10 @@
-"""STS-calibrate a drafter's confidence head on held-out prompts and save it with the temperatures.
+"""STS-calibrate a drafter's confidence head on held-out prompts and save it with the temperatures (and offsets).
 
 Runs the drafter at the serving temperature on prompts the trainer did not see (default: the last
 --num-prompts records of the regenerated training data; build the target cache from the leading records only,
 e.g. ``build_target_cache.py --limit``), refuses any prompt that overlaps the evaluation sets, fits one
-temperature per position, and writes to --out: the calibrated drafter (config ``confidence_temperatures``),
+temperature and offset per position (--temperatures-only: the paper's STS without offsets), and writes to
+--out: the calibrated drafter (config ``confidence_temperatures`` / ``confidence_offsets``),
 calibration.md / .json (ECE and AUC per position before/after), reliability.png and the raw rounds.
 
     python scripts/calibrate_drafter.py --drafter runs/dspark/drafter --out runs/dspark/calibrated
@@ -42,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--temperatures-only", action="store_true",
+                   help="fit the paper's per-position temperatures only (default: temperature + offset)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p.parse_args(argv)
@@ -62,10 +65,12 @@ def main(argv=None) -> int:
                                                                               dtype=param.dtype).eval()
     run = calibrate(target, tokenizer, drafter, prompts, temperature=args.temperature,
                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                    eval_dir=args.eval_dir)
+                    eval_dir=args.eval_dir, offsets=not args.temperatures_only)
     written = save_calibrated(drafter, run, args.out, plots=not args.no_plots)
     print(run.to_markdown())
     print("temperatures: " + " ".join(f"{t:.3f}" for t in run.temperatures))
+    if run.offsets is not None:
+        print("offsets:      " + " ".join(f"{b:+.3f}" for b in run.offsets))
     print(f"calibrated drafter written to {written['drafter']}")
     return 0
 

@@ -3,9 +3,11 @@
 1. run the drafter on held-out prompts (never the evaluation sets: :class:`EvalOverlapGuard` refuses them) at
    the serving temperature with confidence threshold 0, recording every round's raw confidence logits z_k and
    accepted prefix length (real rejection sampling, so the labels are what serving will see);
-2. fit one temperature per position with STS (``training.calibration.fit_sts``, paper §3.2.1);
-3. save the drafter with ``confidence_temperatures`` in its config, plus ECE / AUC per position before and
-   after (markdown, JSON, reliability PNG) and the raw rounds.
+2. fit one temperature per position with STS (``training.calibration.fit_sts``, paper §3.2.1), by default
+   together with a per-position offset (``fit_sts_with_offsets``: temperatures alone cannot move a head whose
+   logits sit on one side of 0, see ``training.calibration``);
+3. save the drafter with ``confidence_temperatures`` (and ``confidence_offsets``) in its config, plus ECE / AUC
+   per position before and after (markdown, JSON, reliability PNG) and the raw rounds.
 
 The math lives in ``training/calibration.py``; this module only gathers the data and writes the results.
 Temperatures are fitted for one serving temperature (the acceptance process differs between greedy and
@@ -21,7 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..training.calibration import PositionCalibration, calibration_report, fit_sts
+from ..training.calibration import (
+    PositionCalibration,
+    calibration_report,
+    fit_sts,
+    fit_sts_with_offsets,
+    split_half_ece,
+)
 from ..training.prompts import EvalOverlapGuard, Prompt, read_prompts
 from .benchmarks import default_eval_dir
 from .harness import record_rounds
@@ -33,24 +41,35 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class CalibrationRun:
-    """Fitted per-position temperatures, the before/after report and the rounds they came from."""
+    """Fitted per-position temperatures (and offsets), the before/after report and the rounds they came from."""
 
     temperatures: list[float]
     report: list[PositionCalibration]
     trace: RoundTrace
     serving_temperature: float | None = None
     num_prompts: int | None = None
+    offsets: list[float] | None = None  # None = temperatures only (the paper's STS)
+    split_half_ece: list[float] | None = None  # out-of-sample ECE per position (see training.calibration)
 
     def to_dict(self) -> dict:
-        return {"confidence_temperatures": self.temperatures, "serving_temperature": self.serving_temperature,
+        return {"confidence_temperatures": self.temperatures, "confidence_offsets": self.offsets,
+                "serving_temperature": self.serving_temperature,
                 "num_prompts": self.num_prompts, "num_rounds": len(self.trace),
+                "split_half_ece": self.split_half_ece,
                 "positions": [p.to_dict() for p in self.report]}
 
     def to_markdown(self) -> str:
+        form = "σ(z_i/T_i + b_i)" if self.offsets is not None else "σ(z_i/T_i)"
         head = (f"STS calibration on {len(self.trace)} held-out rounds ({self.num_prompts} prompts, serving "
-                f"T={self.serving_temperature}); ECE/AUC of the joint survival a_k = Π σ(z_i/T_i) per position.")
+                f"T={self.serving_temperature}); ECE/AUC of the joint survival a_k = Π {form} per position "
+                "(in-sample: fitted and scored on the same rounds).")
         label = "held-out" if self.serving_temperature is None else f"T={self.serving_temperature:g}"
-        return head + "\n\n" + calibration_table({label: self.report}) + "\n"
+        text = head + "\n\n" + calibration_table({label: self.report}) + "\n"
+        if self.split_half_ece is not None:
+            text += ("\nOut-of-sample ECE after STS (fit on one half of the rounds, scored on the other, both ways): "
+                     + ", ".join(f"position {k + 1} {100 * e:.1f}%" for k, e in enumerate(self.split_half_ece))
+                     + ".\n")
+        return text
 
 
 def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Prompt]:
@@ -73,24 +92,34 @@ def _overlap_guard(eval_dir: str | os.PathLike | None) -> EvalOverlapGuard | Non
 
 
 def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | None = None,
-                   num_prompts: int | None = None) -> CalibrationRun:
-    """STS on recorded rounds (the offline half of :func:`calibrate`)."""
+                   num_prompts: int | None = None, offsets: bool = True, offset_grid=None) -> CalibrationRun:
+    """STS on recorded rounds (the offline half of :func:`calibrate`); ``offsets=False`` fits temperatures only."""
     if not trace.has_confidence:
         raise ValueError("no confidence logits in the rounds: STS needs a drafter with a confidence head "
                          "(use_confidence_head=True)")
-    temps = fit_sts(trace.confidence_logits, trace.num_accepted, trace.num_proposed, grid=grid)
-    report = calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps)
-    return CalibrationRun(temps, report, trace, serving_temperature, num_prompts)
+    shifts = None
+    if offsets:
+        temps, shifts = fit_sts_with_offsets(trace.confidence_logits, trace.num_accepted, trace.num_proposed,
+                                             grid=grid, offset_grid=offset_grid)
+    else:
+        temps = fit_sts(trace.confidence_logits, trace.num_accepted, trace.num_proposed, grid=grid)
+    report = calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps,
+                                offsets=shifts)
+    held_out = (split_half_ece(trace.confidence_logits, trace.num_accepted, trace.num_proposed, offsets=offsets,
+                               grid=grid, offset_grid=offset_grid).tolist() if len(trace) >= 2 else None)
+    return CalibrationRun(temps, report, trace, serving_temperature, num_prompts, shifts, held_out)
 
 
 def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, temperature: float = 1.0,
               max_new_tokens: int = 256, batch_size: int = 1, seed: int = 0,
-              eval_dir: str | os.PathLike | None = None, grid=None, progress: bool = True) -> CalibrationRun:
+              eval_dir: str | os.PathLike | None = None, grid=None, progress: bool = True,
+              offsets: bool = True) -> CalibrationRun:
     """Record held-out rounds at the serving ``temperature`` and fit STS temperatures.
 
     ``prompts`` are checked against the evaluation prompts in ``eval_dir`` (default: the shared eval folder)
     and refused on overlap. The drafter is not modified: pass the result to :func:`save_calibrated`, or set
-    ``drafter.config.confidence_temperatures = run.temperatures`` to use it in memory."""
+    ``drafter.config.confidence_temperatures = run.temperatures`` (and ``confidence_offsets = run.offsets``) to
+    use it in memory. ``offsets=False`` fits the paper's temperatures only."""
     if drafter.confidence_head is None:
         raise ValueError("this drafter has no confidence head, so there is nothing to calibrate "
                          "(DFlash-style drafters verify every draft)")
@@ -107,20 +136,24 @@ def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, te
         raise ValueError("the calibration prompts produced no verification rounds; raise max_new_tokens")
     logger.info("calibration: %d rounds from %d prompts at T=%g (tau %.2f)", len(trace), len(prompts), temperature,
                 trace.tau)
-    return fit_from_trace(trace, grid=grid, serving_temperature=temperature, num_prompts=len(prompts))
+    return fit_from_trace(trace, grid=grid, serving_temperature=temperature, num_prompts=len(prompts),
+                          offsets=offsets)
 
 
 def save_calibrated(drafter, run: CalibrationRun, out_dir: str | os.PathLike, plots: bool = True) -> dict[str, str]:
-    """Save the drafter with ``confidence_temperatures = run.temperatures`` to ``out_dir`` (the passed drafter is
-    left as it was), plus calibration.md / .json, rounds.npz and reliability.png."""
+    """Save the drafter with ``confidence_temperatures = run.temperatures`` and ``confidence_offsets = run.offsets``
+    to ``out_dir`` (the passed drafter is left as it was), plus calibration.md / .json, rounds.npz and
+    reliability.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    saved = drafter.config.confidence_temperatures
-    drafter.config.confidence_temperatures = list(run.temperatures)
+    config = drafter.config
+    saved = config.confidence_temperatures, getattr(config, "confidence_offsets", None)
+    config.confidence_temperatures = list(run.temperatures)
+    config.confidence_offsets = list(run.offsets) if run.offsets is not None else None
     try:
         drafter.save_pretrained(out)
     finally:
-        drafter.config.confidence_temperatures = saved
+        config.confidence_temperatures, config.confidence_offsets = saved
     written = {"drafter": out, "markdown": out / "calibration.md", "json": out / "calibration.json"}
     written["markdown"].write_text(run.to_markdown(), encoding="utf-8")
     written["json"].write_text(json.dumps(to_json_safe(run.to_dict()), indent=2), encoding="utf-8")
@@ -128,8 +161,9 @@ def save_calibrated(drafter, run: CalibrationRun, out_dir: str | os.PathLike, pl
     if plots:
         written["reliability"] = write_reliability(run.report, out / "reliability.png",
                                                    title=f"STS calibration, T={run.serving_temperature}")
-    logger.info("calibrated drafter written to %s (temperatures %s)", out,
-                " ".join(f"{t:.3f}" for t in run.temperatures))
+    logger.info("calibrated drafter written to %s (temperatures %s%s)", out,
+                " ".join(f"{t:.3f}" for t in run.temperatures),
+                "; offsets " + " ".join(f"{b:+.2f}" for b in run.offsets) if run.offsets is not None else "")
     return {k: str(v) for k, v in written.items()}
 
 

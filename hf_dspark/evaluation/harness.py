@@ -8,7 +8,7 @@ public path ``target.generate(..., assistant_model=draft)`` with a :class:`Round
 * τ pooled over rounds, Σ committed / rounds (bonus included; an EOS round counts only what it committed);
 * conditional and unconditional acceptance per position (``DSparkStats`` over the recorded rounds);
 * a static confidence-threshold sweep (paper Fig. 5), derived offline from the threshold-0 rounds;
-* ECE / AUC of the joint survival a_k per position, raw and with the drafter's STS temperatures (Fig. 6);
+* ECE / AUC of the joint survival a_k per position, raw and with the drafter's STS calibration (Fig. 6);
 * wall-clock tok/s of plain ``target.generate`` vs speculative on the same prompts, batch by batch side by side.
 
 The library logs; the script (``scripts/eval_drafter.py``) prints.
@@ -51,10 +51,11 @@ class ThresholdSweep:
 
 
 def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-                    temperatures: Sequence[float] | None = None) -> ThresholdSweep:
+                    temperatures: Sequence[float] | None = None,
+                    offsets: Sequence[float] | None = None) -> ThresholdSweep:
     """Derive a static-threshold run from threshold-0 rounds, round by round.
 
-    The drafter stops at the first slot whose own c_k = σ(z_k / T_k) is below t, and c_k depends only on
+    The drafter stops at the first slot whose own c_k = σ(z_k / T_k + b_k) is below t, and c_k depends only on
     drafts < k, so the same round at threshold t would have verified m_t = min(proposed, first k with c_k < t)
     of the very same drafts: accepted_t = min(accepted, m_t). A round that the threshold does not cut short
     (m_t ≥ accepted) commits what it committed; a cut one commits its m_t accepted drafts plus the bonus.
@@ -64,7 +65,8 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
                          "head); DFlash-style drafters have none")
     gamma = trace.block_size
     temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
-    confidence = 0.5 * (1.0 + np.tanh(0.5 * trace.confidence_logits / temps))  # σ, overflow-free
+    shift = np.zeros(gamma) if offsets is None else np.asarray(offsets, dtype=np.float64)[:gamma]
+    confidence = 0.5 * (1.0 + np.tanh(0.5 * (trace.confidence_logits / temps + shift)))  # σ, overflow-free
     rounds = max(len(trace), 1)
     out = ThresholdSweep([], [], [], [])
     for t in thresholds:
@@ -81,13 +83,15 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
     return out
 
 
-def calibration_of(trace: RoundTrace, temperatures: Sequence[float] | None) -> list[PositionCalibration] | None:
-    """ECE/AUC per position of the joint survival, raw (T = 1) and with ``temperatures`` (None: T = 1, so
-    'after' equals 'before'). None when the rounds carry no confidence logits."""
+def calibration_of(trace: RoundTrace, temperatures: Sequence[float] | None,
+                   offsets: Sequence[float] | None = None) -> list[PositionCalibration] | None:
+    """ECE/AUC per position of the joint survival, raw (T = 1) and with ``temperatures`` / ``offsets`` (None:
+    T = 1 / b = 0, so without either 'after' equals 'before'). None when the rounds carry no confidence logits."""
     if not trace.has_confidence:
         return None
     temps = list(temperatures) if temperatures is not None else [1.0] * trace.block_size
-    return calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps)
+    return calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps,
+                              offsets=offsets)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -286,7 +290,8 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
                 "batch_size": batch_size, "thresholds": list(thresholds), "measure_speedup": measure_speedup,
                 "target": getattr(target.config, "_name_or_path", ""), "dtype": str(target.dtype),
                 "num_prompts": {b.name: len(b.prompts) for b in selected},
-                "confidence_temperatures": {n: d.config.confidence_temperatures for n, d in named.items()}}
+                "confidence_temperatures": {n: d.config.confidence_temperatures for n, d in named.items()},
+                "confidence_offsets": {n: getattr(d.config, "confidence_offsets", None) for n, d in named.items()}}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     encoded = {b.name: [encode_chat_prompt(tokenizer, p) for p in b.prompts] for b in selected}
     result = EvalResult(settings=settings, drafters=list(named), results=[])
@@ -307,7 +312,8 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
             for name, d in named.items():
                 trace = recorders[name].trace()
                 result.traces[(name, float(temperature))] = trace
-                report = calibration_of(trace, d.config.confidence_temperatures)
+                report = calibration_of(trace, d.config.confidence_temperatures,
+                                        getattr(d.config, "confidence_offsets", None))
                 if report is not None:
                     result.calibration[(name, float(temperature))] = report
     return result
@@ -351,7 +357,7 @@ def _run_benchmark(target, named, recorders, encoded, name, gen_kwargs, *, seed,
 
 def _benchmark_result(name: str, drafter, bench: Benchmark, temperature: float, trace: RoundTrace,
                       timings: Mapping[str, _Throughput], thresholds: Sequence[float]) -> BenchmarkResult:
-    temps = drafter.config.confidence_temperatures
+    temps, offsets = drafter.config.confidence_temperatures, getattr(drafter.config, "confidence_offsets", None)
     plain = timings[""]
     stats = trace.stats().to_dict()
     timed = timings[name].stats
@@ -363,8 +369,8 @@ def _benchmark_result(name: str, drafter, bench: Benchmark, temperature: float, 
         num_prompts=len(bench.prompts), stats=stats, generated_tokens=timings[name].tokens,
         speculative_seconds=timings[name].seconds, plain_tokens=plain.tokens if plain.seconds else None,
         plain_seconds=plain.seconds if plain.seconds else None,
-        threshold_sweep=threshold_sweep(trace, thresholds, temps) if trace.has_confidence else None,
-        calibration=calibration_of(trace, temps))
+        threshold_sweep=threshold_sweep(trace, thresholds, temps, offsets) if trace.has_confidence else None,
+        calibration=calibration_of(trace, temps, offsets))
     logger.info("%s %s T=%.1f: tau %.2f over %d rounds, speedup %s", name, bench.name, temperature, result.tau,
                 len(trace), f"{result.speedup:.2f}x" if result.speedup else "n/a")
     return result

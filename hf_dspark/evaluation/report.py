@@ -108,14 +108,17 @@ def _sweep_table(result) -> str | None:
 
 
 def calibration_table(reports: dict[str, list[PositionCalibration]]) -> str:
-    """One row per (label, position): rounds, realised prefix acceptance, ECE and AUC raw vs STS, T_k."""
+    """One row per (label, position): rounds, realised prefix acceptance, ECE and AUC raw vs STS, T_k (and b_k when
+    any position has an offset)."""
     header = ["run", "position", "rounds", "acceptance", "ECE raw", "ECE STS", "AUC raw", "AUC STS", "T_k"]
+    with_offsets = any(p.offset for report in reports.values() for p in report)
+    header += ["b_k"] if with_offsets else []
     rows = []
     for label, report in reports.items():
         for p in report:
             rows.append([label, str(p.position), str(p.num_rounds), _pct(p.acceptance_rate), _pct(p.ece_before),
                          _pct(p.ece_after), _fmt(p.auc_before, ".3f"), _fmt(p.auc_after, ".3f"),
-                         _fmt(p.temperature, ".3f")])
+                         _fmt(p.temperature, ".3f")] + ([f"{p.offset:+.2f}"] if with_offsets else []))
     return _table(header, rows)
 
 
@@ -132,7 +135,7 @@ def markdown_report(result) -> str:
         parts += ["", "## Static confidence-threshold sweep (acceptance of verified drafts · drafts per round)",
                   "", sweep]
     if result.calibration:
-        parts += ["", "## Confidence calibration (joint survival a_k; 'STS' = the drafter's temperatures)", "",
+        parts += ["", "## Confidence calibration (joint survival a_k; 'STS' = the drafter's temperatures and offsets)", "",
                   calibration_table({f"{d} T={t:g}": rep for (d, t), rep in result.calibration.items()})]
     return "\n".join(parts) + "\n"
 
@@ -197,10 +200,11 @@ def _write_plots(result, out: Path) -> dict[str, Path]:
 
 
 def write_reliability(report: Sequence[PositionCalibration], path: str | os.PathLike, title: str | None = None):
-    """Reliability diagrams raw vs STS; the STS curves are left out when every T_k is 1 (nothing calibrated)."""
+    """Reliability diagrams raw vs STS; the STS curves are left out when every T_k is 1 and b_k 0 (nothing
+    calibrated)."""
     from .plots import plot_reliability
 
-    calibrated = any(abs(p.temperature - 1.0) > 1e-12 for p in report)
+    calibrated = any(abs(p.temperature - 1.0) > 1e-12 or p.offset for p in report)
     return plot_reliability([p.curve_before for p in report], [p.curve_after for p in report] if calibrated
                             else None, path, positions=[p.position for p in report], title=title)
 

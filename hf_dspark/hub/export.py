@@ -131,6 +131,7 @@ def _hf_dspark_block(config: DSparkConfig) -> dict:
             "target_name_or_path": config.target_name_or_path,
             "target_embedding_signature": config.target_embedding_signature,
             "confidence_temperatures": config.confidence_temperatures,
+            "confidence_offsets": config.confidence_offsets,
             "confidence_threshold": config.confidence_threshold, "sequential_top_k": config.sequential_top_k}
 
 

@@ -195,6 +195,7 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
 
     config = draft.config
     temperatures = config.confidence_temperatures
+    offsets = getattr(config, "confidence_offsets", None)
     columns, rows = _tau_table(info.evaluation)
     head = config.sequential_head
     return {
@@ -215,7 +216,9 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "dtype": str(next(draft.parameters()).dtype).removeprefix("torch."),
         "training": [(key, _fmt(value)) for key, value in info.training.items()],
         "tau_columns": columns, "tau_rows": rows,
-        "temperatures": temperatures if temperatures and any(t != 1.0 for t in temperatures) else None,
+        "temperatures": (temperatures or [1.0] * config.block_size) if (
+            temperatures and any(t != 1.0 for t in temperatures)) or (offsets and any(offsets)) else None,
+        "offsets": offsets if offsets and any(offsets) else None,
         "calibration_rows": _calibration_rows(info.calibration), "confidence_threshold": config.confidence_threshold,
         "speculators_exportable": not speculators_export_problems(config),
         "speculators_note": _speculators_note(config),

@@ -52,6 +52,8 @@ class DSparkConfig(PretrainedConfig):
         markov_rank (`int`, defaults to 256): rank r of the W1 (V×r) / W2 (r×V) factorisation.
         use_confidence_head (`bool`, defaults to `True`): predict c_k = P(slot k accepted | slots < k accepted).
         confidence_temperatures (`list[float]`, defaults to `None`): per-position STS temperatures; `None` = 1.
+        confidence_offsets (`list[float]`, defaults to `None`): per-position offsets b_k added after the
+            temperature, c_k = σ(z_k / T_k + b_k) (our STS extension, see `training.calibration`); `None` = 0.
         confidence_threshold (`float`, defaults to 0.0): static threshold: drafts stop at the first slot whose
             calibrated confidence is below it (0 = always draft the whole block).
         sequential_top_k (`int`, defaults to 64): at inference the sequential bias B_k is evaluated only on the
@@ -81,6 +83,7 @@ class DSparkConfig(PretrainedConfig):
         markov_rank: int = 256,
         use_confidence_head: bool = True,
         confidence_temperatures: list[float] | None = None,
+        confidence_offsets: list[float] | None = None,
         confidence_threshold: float = 0.0,
         sequential_top_k: int = 64,
         draft_vocab_size: int | None = None,
@@ -107,6 +110,7 @@ class DSparkConfig(PretrainedConfig):
         self.markov_rank = markov_rank
         self.use_confidence_head = use_confidence_head
         self.confidence_temperatures = list(confidence_temperatures) if confidence_temperatures else None
+        self.confidence_offsets = list(confidence_offsets) if confidence_offsets else None
         self.confidence_threshold = confidence_threshold
         self.sequential_top_k = sequential_top_k
         self.draft_vocab_size = draft_vocab_size
@@ -152,6 +156,9 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the target vocabulary (size {vocab}).")
         if self.confidence_temperatures is not None and len(self.confidence_temperatures) != self.block_size:
             raise ValueError(f"confidence_temperatures has {len(self.confidence_temperatures)} entries; "
+                             f"it needs one per draft position (block_size={self.block_size}).")
+        if self.confidence_offsets is not None and len(self.confidence_offsets) != self.block_size:
+            raise ValueError(f"confidence_offsets has {len(self.confidence_offsets)} entries; "
                              f"it needs one per draft position (block_size={self.block_size}).")
         if self.draft_vocab_size is not None and not (
                 1 <= self.draft_vocab_size <= (vocab if vocab is not None else self.draft_vocab_size)):

@@ -35,7 +35,7 @@ def setup():
 def test_saved_temperatures_lower_ece_on_an_overconfident_trace(setup, tmp_path):
     target, _, dspark, _ = setup
     trace = overconfident_trace()
-    run = fit_from_trace(trace, serving_temperature=1.0, num_prompts=0)
+    run = fit_from_trace(trace, serving_temperature=1.0, num_prompts=0, offsets=False)  # the paper's STS
     written = save_calibrated(dspark, run, tmp_path / "calibrated")
     assert dspark.config.confidence_temperatures is None  # the passed drafter is left as it was
     saved = json.loads((tmp_path / "calibrated" / "config.json").read_text())["confidence_temperatures"]
@@ -52,6 +52,33 @@ def test_saved_temperatures_lower_ece_on_an_overconfident_trace(setup, tmp_path)
     assert "ECE raw" in (tmp_path / "calibrated" / "calibration.md").read_text()
     assert open(written["reliability"], "rb").read(4) == b"\x89PNG"
     assert len(RoundTrace.load(written["rounds"])) == len(trace)
+
+
+def test_saved_offsets_are_reloaded_and_applied(setup, tmp_path):
+    target, _, dspark, _ = setup
+    trace = overconfident_trace()
+    shifted = RoundTrace.from_rounds(trace.num_proposed, trace.num_accepted,
+                                     confidence_logits=trace.confidence_logits + 3.0)
+    grids = {"grid": np.logspace(-1, 1, 41), "offset_grid": np.linspace(-4, 4, 33)}  # coarse: a fast test
+    run = fit_from_trace(shifted, serving_temperature=1.0, num_prompts=0, **grids)  # temperatures + offsets
+    temps_only = fit_from_trace(shifted, serving_temperature=1.0, num_prompts=0, offsets=False, grid=grids["grid"])
+    # z = 3u + 3 for a true logit u: position 1 recovers σ(z / 3 − 1)
+    assert run.offsets is not None and len(run.offsets) == 5
+    assert run.temperatures[0] == pytest.approx(3.0, rel=0.15) and run.offsets[0] == pytest.approx(-1.0, abs=0.3)
+    assert run.report[0].ece_after < temps_only.report[0].ece_after
+    save_calibrated(dspark, run, tmp_path / "calibrated")
+    assert getattr(dspark.config, "confidence_offsets", None) is None  # the passed drafter is left as it was
+    reloaded = DSparkDraftModel.from_pretrained(tmp_path / "calibrated", target=target)
+    assert reloaded.config.confidence_offsets == pytest.approx(run.offsets)
+    z = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    expected = torch.sigmoid(z / torch.tensor(run.temperatures) + torch.tensor(run.offsets))
+    torch.testing.assert_close(reloaded.confidence_from_logits(z), expected)
+    data = json.loads((tmp_path / "calibrated" / "calibration.json").read_text())
+    assert data["confidence_offsets"] == pytest.approx(run.offsets)
+    assert "b_k" in (tmp_path / "calibrated" / "calibration.md").read_text()
+    # out of sample (split halves) the offsets still beat temperatures alone at position 1
+    assert run.split_half_ece[0] < temps_only.split_half_ece[0]
+    assert data["split_half_ece"] == pytest.approx(run.split_half_ece)
 
 
 def test_calibrate_end_to_end_on_a_tiny_target(setup, tmp_path):

@@ -113,6 +113,7 @@ def test_include_target_weights_stores_the_targets_embedding_and_head(target, tm
 def test_round_trip_every_tensor_and_draft_equal(target, tmp_path, head):
     draft = make_drafter(target, head=head, sequential_top_k=8, confidence_threshold=0.3)
     draft.config.confidence_temperatures = [0.9, 1.1, 1.3, 1.7, 2.0]
+    draft.config.confidence_offsets = [-1.5, -0.5, 0.0, 0.25, 1.0]
     save_as_speculators(draft, tmp_path, vllm_servable=head == "markov")
     loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
     ours, theirs = draft.state_dict(), loaded.state_dict()
@@ -120,7 +121,8 @@ def test_round_trip_every_tensor_and_draft_equal(target, tmp_path, head):
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
     for key in ("block_size", "target_layer_ids", "mask_token_id", "sequential_head", "markov_rank",
-                "use_confidence_head", "confidence_temperatures", "confidence_threshold", "sequential_top_k",
+                "use_confidence_head", "confidence_temperatures", "confidence_offsets", "confidence_threshold",
+                "sequential_top_k",
                 "num_target_layers", "target_embedding_signature", "target_name_or_path"):
         assert getattr(loaded.config, key) == getattr(draft.config, key), key
     expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=draft)

@@ -15,6 +15,7 @@ from hf_dspark.training.calibration import (
     default_temperature_grid,
     expected_calibration_error,
     fit_sts,
+    fit_sts_with_offsets,
     prefix_labels,
     reliability_curve,
 )
@@ -113,6 +114,44 @@ def test_sts_keeps_a_calibrated_head_and_handles_unproposed_positions():
     assert fit_sts(logits, accepted, proposed)[2] == 1.0
     report = calibration_report(logits, accepted, proposed, [1.0, 1.0, 1.0])
     assert report[2].num_rounds == 0 and np.isnan(report[2].ece_after)
+
+
+def test_offsets_fix_a_shifted_head_that_temperatures_cannot():
+    """A head whose logits are shifted by +2 (over-confident on every round, the way a drafter trained where
+    acceptance was higher behaves): no temperature moves the mean to the realised rate, a temperature plus an
+    offset does — and the offset is the shift, undone left to right."""
+    logits, accepted, proposed = synthetic_rounds(num_rounds=10000, gamma=3, inflate=1.0, seed=2)
+    shifted = logits + 2.0
+    grid, offset_grid = default_temperature_grid(61), np.linspace(-4, 4, 41)  # coarser than the default: fast
+    temps_only = calibration_report(shifted, accepted, proposed, fit_sts(shifted, accepted, proposed, grid=grid))
+    temps, offsets = fit_sts_with_offsets(shifted, accepted, proposed, grid=grid, offset_grid=offset_grid)
+    report = calibration_report(shifted, accepted, proposed, temps, offsets=offsets)
+    # position 1 alone identifies the shift; later positions trade T against b on the joint (ECE is flat there)
+    assert temps[0] == pytest.approx(1.0, rel=0.25) and offsets[0] == pytest.approx(-2.0, abs=0.35)
+    truth = calibration_report(logits, accepted, proposed, [1.0] * 3)  # the unshifted head: sampling-noise ECE
+    for plain, affine, best in zip(temps_only, report, truth):
+        assert plain.ece_after > 0.08, plain
+        assert affine.ece_after < best.ece_after + 0.005, (affine, best.ece_after)
+        assert affine.offset == offsets[affine.position - 1]
+    assert report[0].auc_after == report[0].auc_before  # still order-preserving at position 1
+    # offsets never hurt in-sample (0 is on the grid), and a calibrated head keeps b = 0 within a grid step or two
+    assert all(a.ece_after <= p.ece_after + 1e-12 for p, a in zip(temps_only, report))
+    _, calibrated_b = fit_sts_with_offsets(logits, accepted, proposed, grid=grid, offset_grid=offset_grid)
+    assert calibrated_b[0] == pytest.approx(0.0, abs=0.25)
+    with pytest.raises(ValueError, match="offset_grid"):
+        fit_sts_with_offsets(logits, accepted, proposed, offset_grid=[])
+
+
+def test_drafter_reports_offset_confidences(tiny_drafter):
+    z = torch.tensor([[0.5, -1.0, 2.0, 0.0]])
+    gamma = tiny_drafter.config.block_size
+    tiny_drafter.config.confidence_temperatures = [2.0] * gamma
+    tiny_drafter.config.confidence_offsets = [-1.0] * gamma
+    expected = torch.sigmoid(z / 2.0 - 1.0)
+    torch.testing.assert_close(tiny_drafter.confidence_from_logits(z), expected)
+    torch.testing.assert_close(tiny_drafter.confidence_from_logits(z[:, 1:], first_position=1), expected[:, 1:])
+    assert cumulative_confidence(z.numpy(), [2.0] * 4, [-1.0] * 4)[0].tolist() == pytest.approx(
+        np.cumprod(expected[0].numpy()).tolist())
 
 
 def test_grid_default_and_input_validation():
