@@ -10,6 +10,8 @@ calibration.md / .json (ECE and AUC per position before/after), reliability.png 
     python scripts/calibrate_drafter.py --drafter runs/dspark/drafter --out runs/dspark/calibrated
     python scripts/calibrate_drafter.py --drafter runs/x/drafter --out runs/x/cal --prompts heldout.jsonl \\
         --num-prompts 0 --temperature 0
+    # refit from the rounds an earlier run recorded (no generation): e.g. add offsets to a calibrated drafter
+    python scripts/calibrate_drafter.py --drafter runs/x/cal --out runs/x/cal2 --rounds runs/x/cal/calibration_rounds.npz
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import logging
 import sys
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.evaluation.calibration_run import calibrate, held_out_prompts, save_calibrated
+from hf_dspark.evaluation.calibration_run import calibrate, fit_from_trace, held_out_prompts, save_calibrated
+from hf_dspark.evaluation.recorder import RoundTrace
 from hf_dspark.embedded import load_target
 
 logger = logging.getLogger("calibrate_drafter")
@@ -43,6 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--rounds", default=None,
+                   help="refit from a calibration_rounds.npz written by an earlier run instead of generating "
+                        "(the drafter must be the one that recorded them: its raw confidence logits are reused)")
+    p.add_argument("--rounds-temperature", type=float, default=None,
+                   help="with --rounds: the serving temperature they were recorded at (for the report)")
     p.add_argument("--temperatures-only", action="store_true",
                    help="fit the paper's per-position temperatures only (default: temperature + offset)")
     p.add_argument("--no-plots", action="store_true")
@@ -57,6 +66,19 @@ def main(argv=None) -> int:
     logging.getLogger("hf_dspark").addFilter(lambda record: record.levelno > logging.INFO)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.rounds:  # no generation: the target is needed only to bind the drafter (no tokenizer)
+        if args.target is None:
+            target, _ = load_target(None, DTYPES[args.dtype])
+        else:
+            target = AutoModelForCausalLM.from_pretrained(args.target, dtype=DTYPES[args.dtype]).eval()
+        drafter = DSparkDraftModel.from_pretrained(args.drafter, target=target)
+        trace = RoundTrace.load(args.rounds)
+        if trace.block_size != drafter.config.block_size:
+            raise SystemExit(f"{args.rounds} holds rounds of block size {trace.block_size}, the drafter drafts "
+                             f"{drafter.config.block_size}: they were not recorded with this drafter")
+        run = fit_from_trace(trace, serving_temperature=args.rounds_temperature,
+                             offsets=not args.temperatures_only)
+        return _write(drafter, run, args)
     prompts = held_out_prompts(args.prompts, args.num_prompts or None)
     target, tokenizer = load_target(args.target, DTYPES[args.dtype])
     target.to(args.device)
@@ -66,6 +88,10 @@ def main(argv=None) -> int:
     run = calibrate(target, tokenizer, drafter, prompts, temperature=args.temperature,
                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
                     eval_dir=args.eval_dir, offsets=not args.temperatures_only)
+    return _write(drafter, run, args)
+
+
+def _write(drafter, run, args) -> int:
     written = save_calibrated(drafter, run, args.out, plots=not args.no_plots)
     print(run.to_markdown())
     print("temperatures: " + " ".join(f"{t:.3f}" for t in run.temperatures))
