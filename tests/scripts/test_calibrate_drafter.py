@@ -26,7 +26,7 @@ def script():
     return module
 
 
-def shifted_trace(num_rounds: int = 2000, gamma: int = 5, seed: int = 0) -> RoundTrace:
+def shifted_trace(num_rounds: int = 3000, gamma: int = 5, seed: int = 0) -> RoundTrace:
     """Realised acceptance follows σ(u); the head reports u + 2 (over-confident on every round)."""
     rng = np.random.default_rng(seed)
     u = rng.normal(0.0, 1.0, size=(num_rounds, gamma))
