@@ -50,6 +50,13 @@ def load_drafter(path: str | None, target, head: str):
     return DSparkDraftModel.from_target(target, head=head).eval(), f"{head} (UNTRAINED: shows overhead only)"
 
 
+def prepacked_copy(drafter, packed_target):
+    """The drafter bound to the prepacked target, its own linears prepacked too (the original stays as it is)."""
+    copy_ = DSparkDraftModel(drafter.config).eval()
+    copy_.load_state_dict(drafter.state_dict())
+    return prepack_linears(copy_.bind_target(packed_target))
+
+
 def timed_generate(model, ids, **kwargs):
     start = time.perf_counter()
     out = model.generate(ids, **kwargs)
@@ -72,6 +79,10 @@ def main() -> None:
     parser.add_argument("--unpacked-thresholds", default="",
                         help="comma list: also run hf-dspark on the stock (not prepacked) fp32 target with "
                              "dspark_confidence_threshold=each")
+    parser.add_argument("--compare-drafter", default=None,
+                        help="a second DSpark drafter dir, run prepacked side by side (at its own threshold and at "
+                             "each of --compare-thresholds), e.g. the shipped drafter against a new one")
+    parser.add_argument("--compare-thresholds", default="", help="comma list for --compare-drafter")
     parser.add_argument("--num-tokens", default="",
                         help="comma list: also run hf-dspark (prepacked) with dspark_num_tokens=each (fixed γ)")
     parser.add_argument("--prompts", default=None, help="jsonl of held-out records to use instead of --eval-dir "
@@ -97,9 +108,9 @@ def main() -> None:
             drafter, drafter_name = load_drafter(None, target, "markov")
     else:
         drafter, drafter_name = load_drafter(drafter_path, target, "markov")
-    packed_drafter = DSparkDraftModel(drafter.config).eval()
-    packed_drafter.load_state_dict(drafter.state_dict())
-    prepack_linears(packed_drafter.bind_target(packed))
+    packed_drafter = prepacked_copy(drafter, packed)
+    other = prepacked_copy(load_drafter(args.compare_drafter, target, "markov")[0], packed) if (
+        args.compare_drafter) else None
     dflash = load_drafter(args.dflash_drafter, target, "none")[0] if args.dflash_drafter else None
 
     configs = {  # name -> (model, generate kwargs, baseline name)
@@ -121,6 +132,13 @@ def main() -> None:
     for num in filter(None, args.num_tokens.split(",")):
         configs[f"hf-dspark fp32 prepacked, γ={num}"] = (
             packed, {"assistant_model": packed_drafter, "dspark_num_tokens": int(num)}, "plain fp32 prepacked")
+    if other is not None:
+        configs[f"compare {args.compare_drafter}, threshold {other.config.confidence_threshold:g}"] = (
+            packed, {"assistant_model": other}, "plain fp32 prepacked")
+        for threshold in filter(None, args.compare_thresholds.split(",")):
+            configs[f"compare {args.compare_drafter}, threshold {threshold}"] = (
+                packed, {"assistant_model": other, "dspark_confidence_threshold": float(threshold)},
+                "plain fp32 prepacked")
     if bf16 is not None and not args.prepacked_only:
         configs["plain bf16"] = (bf16, {}, "plain bf16")
     if dflash is not None and not args.prepacked_only:
