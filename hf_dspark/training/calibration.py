@@ -32,6 +32,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 DEFAULT_BINS = 20  # what DeepSpec's recorder and the paper's reliability diagrams use
+#: A position is fitted only when its rounds hold at least this many accepted *and* rejected drafts; below that
+#: every (T, b) reaches ECE ≈ 0 and the argmin is noise (a late position of a weak drafter: 0.1 % accepted fitted
+#: T = 0.1, b = +2.2, turning its conditional confidence into a near-step function). It keeps T = 1, b = 0.
+MIN_FIT_EVENTS = 20
 
 
 def default_temperature_grid(num: int = 200) -> np.ndarray:
@@ -175,7 +179,8 @@ def fit_sts(conf_logits, accepted_prefix_len, num_proposed=None, grid=None, bins
     """Per-position temperatures T_1..T_γ, fitted left to right to minimise the ECE of the joint survival.
 
     conf_logits [N, γ] raw z_k; accepted_prefix_len [N]; num_proposed [N] (None = all γ every round).
-    Positions with no proposed rounds keep T = 1. Ties on the grid resolve to the smallest T."""
+    Positions with no proposed rounds, or fewer than ``MIN_FIT_EVENTS`` accepted or rejected drafts, keep T = 1.
+    Ties on the grid resolve to the smallest T."""
     temperatures, _ = _fit_sequential(conf_logits, accepted_prefix_len, num_proposed, grid, np.zeros(1), bins)
     return temperatures
 
@@ -183,8 +188,8 @@ def fit_sts(conf_logits, accepted_prefix_len, num_proposed=None, grid=None, bins
 def fit_sts_with_offsets(conf_logits, accepted_prefix_len, num_proposed=None, grid=None, offset_grid=None,
                          bins: int = DEFAULT_BINS) -> tuple[list[float], list[float]]:
     """STS with a per-position offset: (T_k, b_k) for c_k = σ(z_k / T_k + b_k), fitted left to right on the joint
-    survival like :func:`fit_sts` (see the module docstring for why). Ties prefer the smallest |b|, then T.
-    The default temperature grid is coarser here (101 points, 4.7 % apart) than for temperatures alone: the
+    survival like :func:`fit_sts` (see the module docstring for why). Ties prefer the smallest |b|, then T;
+    positions with too few events keep (1, 0) as in :func:`fit_sts`. The default temperature grid is coarser here (101 points, 4.7 % apart) than for temperatures alone: the
     joint grid is |T| × |b| candidates per position."""
     grid = default_temperature_grid(101) if grid is None else grid
     offset_grid = default_offset_grid() if offset_grid is None else np.asarray(offset_grid, dtype=np.float64)
@@ -209,7 +214,13 @@ def _fit_sequential(conf_logits, accepted_prefix_len, num_proposed, grid, offset
     prefix = np.ones(logits.shape[0])  # Π_{i<k} σ(z_i / T_i + b_i) with the already-fitted (T, b)_<k
     for k in range(logits.shape[1]):
         rows = valid[:, k]
-        if rows.any():
+        events = int(labels[rows, k].sum())
+        if rows.any() and min(events, int(rows.sum()) - events) < MIN_FIT_EVENTS:
+            temperatures.append(1.0)
+            offsets.append(0.0)
+            logger.info("STS position %d: %d accepted / %d rejected drafts are too few to fit; keeping T=1, b=0",
+                        k + 1, events, int(rows.sum()) - events)
+        elif rows.any():
             eces = _ece_over_grid(prefix[rows], logits[rows, k], labels[rows, k].astype(np.float64), cand_t, bins,
                                   offsets=cand_b)
             best = int(np.argmin(eces))
@@ -330,6 +341,7 @@ def calibration_report(conf_logits, accepted_prefix_len, num_proposed=None, temp
 
 __all__ = [
     "DEFAULT_BINS",
+    "MIN_FIT_EVENTS",
     "PositionCalibration",
     "ReliabilityCurve",
     "auc",

@@ -173,3 +173,16 @@ def test_report_serialises():
     row = calibration_report(logits, accepted, proposed)[0].to_dict()
     assert {"position", "ece_before", "ece_after", "auc_before", "temperature", "curve_after"} <= set(row)
     assert len(row["curve_after"]["counts"]) == 20
+
+
+def test_positions_with_too_few_events_keep_the_identity():
+    """A late position of a weak drafter: a handful of accepted drafts, where every (T, b) scores ECE ≈ 0."""
+    logits, accepted, proposed = synthetic_rounds(num_rounds=4000, gamma=3, inflate=2.0, seed=3)
+    logits[:, 2] -= 8.0  # position 3 almost never accepted ...
+    accepted = torch.minimum(accepted, torch.full_like(accepted, 2))
+    accepted[:5] = 3  # ... except in 5 rounds
+    proposed[:5] = 3
+    temps, offsets = fit_sts_with_offsets(logits, accepted, proposed)
+    assert temps[2] == 1.0 and offsets[2] == 0.0
+    assert fit_sts(logits, accepted, proposed)[2] == 1.0
+    assert temps[0] != 1.0  # the well-populated positions are still fitted
