@@ -54,11 +54,22 @@ def test_body_has_architecture_training_tau_calibration_and_usage(qwen3_draft):
     assert "| gsm8k | 3.46 | 1.90 |" in text and "| mt-bench | 2.25 | – |" in text
     assert "| STS temperature T_k | 1.250 | 1.500 | 1.750 | 2.000 | 2.500 |" in text
     assert "offset b_k" not in text and "σ(z_k / T_k)." in text  # temperatures only: the paper's form
-    assert "| ECE after STS | 1.20% | 1.20% | 1.20% | 1.20% | 1.20% |" in text
+    assert "| ECE after STS (in-sample) | 1.20% | 1.20% | 1.20% | 1.20% | 1.20% |" in text
+    assert "out-of-sample" not in text  # no split-half figures given
     assert 'DSparkDraftModel.from_pretrained("org/qwen3-dspark", target=target)' in text
     assert "target.generate(**inputs, assistant_model=draft" in text
     assert 'pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)' in text
     assert "hf-dspark convert org/qwen3-dspark" in text  # a Qwen3 drafter exports to speculators / vLLM
+
+
+def test_card_shows_the_split_half_ece_of_a_calibration_file(qwen3_draft, tmp_path):
+    positions = [{"position": k, "ece_before": 0.1, "ece_after": 0.01, "auc_after": 0.8} for k in range(1, 6)]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"positions": positions, "split_half_ece": [0.03, 0.02, 0.01, 0.005, 0.0]}))
+    rows = read_calibration(path)
+    assert [row["ece_split_half"] for row in rows] == [0.03, 0.02, 0.01, 0.005, 0.0]
+    text = str(render_model_card(qwen3_draft, DraftCardInfo(calibration=rows)))
+    assert "| ECE after STS (out-of-sample, split halves) | 3.00% | 2.00% | 1.00% | 0.50% | 0.00% |" in text
 
 
 def test_card_shows_offsets_when_calibrated_with_them(qwen3_draft):
