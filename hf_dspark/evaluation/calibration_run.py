@@ -23,13 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..training.calibration import (
-    PositionCalibration,
-    calibration_report,
-    fit_sts,
-    fit_sts_with_offsets,
-    split_half_ece,
-)
+from ..training.calibration import PositionCalibration, calibration_report, fit_calibration, split_half_ece
 from ..training.prompts import EvalOverlapGuard, Prompt, read_prompts
 from .benchmarks import default_eval_dir
 from .harness import record_rounds
@@ -97,12 +91,8 @@ def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | No
     if not trace.has_confidence:
         raise ValueError("no confidence logits in the rounds: STS needs a drafter with a confidence head "
                          "(use_confidence_head=True)")
-    shifts = None
-    if offsets:
-        temps, shifts = fit_sts_with_offsets(trace.confidence_logits, trace.num_accepted, trace.num_proposed,
-                                             grid=grid, offset_grid=offset_grid)
-    else:
-        temps = fit_sts(trace.confidence_logits, trace.num_accepted, trace.num_proposed, grid=grid)
+    temps, shifts = fit_calibration(trace.confidence_logits, trace.num_accepted, trace.num_proposed, offsets=offsets,
+                                    grid=grid, offset_grid=offset_grid)
     report = calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps,
                                 offsets=shifts)
     held_out = (split_half_ece(trace.confidence_logits, trace.num_accepted, trace.num_proposed, offsets=offsets,
@@ -147,7 +137,7 @@ def save_calibrated(drafter, run: CalibrationRun, out_dir: str | os.PathLike, pl
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = drafter.config
-    saved = config.confidence_temperatures, getattr(config, "confidence_offsets", None)
+    saved = config.confidence_temperatures, config.confidence_offsets
     config.confidence_temperatures = list(run.temperatures)
     config.confidence_offsets = list(run.offsets) if run.offsets is not None else None
     try:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..training.calibration import PositionCalibration, calibration_report
+from ..training.calibration import PositionCalibration, calibrated_confidence, calibration_report
 from ..metrics import DSparkStats
 from .benchmarks import (DEEPSPEC_SAMPLE_CAPS, DEEPSPEC_SEED, DEFAULT_BENCHMARKS, Benchmark, encode_chat_prompt,
                          left_pad, load_benchmark)
@@ -64,9 +64,7 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
         raise ValueError("a threshold sweep needs confidence logits in every round (a drafter with a confidence "
                          "head); DFlash-style drafters have none")
     gamma = trace.block_size
-    temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
-    shift = np.zeros(gamma) if offsets is None else np.asarray(offsets, dtype=np.float64)[:gamma]
-    confidence = 0.5 * (1.0 + np.tanh(0.5 * (trace.confidence_logits / temps + shift)))  # σ, overflow-free
+    confidence = calibrated_confidence(trace.confidence_logits, temperatures, offsets)
     rounds = max(len(trace), 1)
     out = ThresholdSweep([], [], [], [])
     for t in thresholds:
@@ -291,7 +289,7 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
                 "target": getattr(target.config, "_name_or_path", ""), "dtype": str(target.dtype),
                 "num_prompts": {b.name: len(b.prompts) for b in selected},
                 "confidence_temperatures": {n: d.config.confidence_temperatures for n, d in named.items()},
-                "confidence_offsets": {n: getattr(d.config, "confidence_offsets", None) for n, d in named.items()}}
+                "confidence_offsets": {n: d.config.confidence_offsets for n, d in named.items()}}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     encoded = {b.name: [encode_chat_prompt(tokenizer, p) for p in b.prompts] for b in selected}
     result = EvalResult(settings=settings, drafters=list(named), results=[])
@@ -312,8 +310,7 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
             for name, d in named.items():
                 trace = recorders[name].trace()
                 result.traces[(name, float(temperature))] = trace
-                report = calibration_of(trace, d.config.confidence_temperatures,
-                                        getattr(d.config, "confidence_offsets", None))
+                report = calibration_of(trace, d.config.confidence_temperatures, d.config.confidence_offsets)
                 if report is not None:
                     result.calibration[(name, float(temperature))] = report
     return result
@@ -357,7 +354,7 @@ def _run_benchmark(target, named, recorders, encoded, name, gen_kwargs, *, seed,
 
 def _benchmark_result(name: str, drafter, bench: Benchmark, temperature: float, trace: RoundTrace,
                       timings: Mapping[str, _Throughput], thresholds: Sequence[float]) -> BenchmarkResult:
-    temps, offsets = drafter.config.confidence_temperatures, getattr(drafter.config, "confidence_offsets", None)
+    temps, offsets = drafter.config.confidence_temperatures, drafter.config.confidence_offsets
     plain = timings[""]
     stats = trace.stats().to_dict()
     timed = timings[name].stats

@@ -202,7 +202,8 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
 
     config = draft.config
     temperatures = config.confidence_temperatures
-    offsets = getattr(config, "confidence_offsets", None)
+    offsets = config.confidence_offsets if config.confidence_offsets and any(config.confidence_offsets) else None
+    calibrated = offsets is not None or bool(temperatures and any(t != 1.0 for t in temperatures))
     columns, rows = _tau_table(info.evaluation)
     head = config.sequential_head
     return {
@@ -223,9 +224,8 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "dtype": str(next(draft.parameters()).dtype).removeprefix("torch."),
         "training": [(key, _fmt(value)) for key, value in info.training.items()],
         "tau_columns": columns, "tau_rows": rows,
-        "temperatures": (temperatures or [1.0] * config.block_size) if (
-            temperatures and any(t != 1.0 for t in temperatures)) or (offsets and any(offsets)) else None,
-        "offsets": offsets if offsets and any(offsets) else None,
+        "temperatures": (temperatures or [1.0] * config.block_size) if calibrated else None,
+        "offsets": offsets,
         "calibration_rows": _calibration_rows(info.calibration), "confidence_threshold": config.confidence_threshold,
         "speculators_exportable": not speculators_export_problems(config),
         "speculators_note": _speculators_note(config),

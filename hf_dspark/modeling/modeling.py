@@ -484,7 +484,7 @@ class DSparkDraftModel(PreTrainedModel):
         """Calibrated c_k = σ(z_k / T_k + b_k) (T_k, b_k from STS; 1 and 0 when uncalibrated). logits [..., n] hold
         positions ``first_position`` .. ``first_position + n - 1``."""
         window = slice(first_position, first_position + logits.shape[-1])
-        temps, offsets = self.config.confidence_temperatures, getattr(self.config, "confidence_offsets", None)
+        temps, offsets = self.config.confidence_temperatures, self.config.confidence_offsets
         if temps is not None:
             logits = logits / torch.tensor(temps[window], dtype=logits.dtype, device=logits.device)
         if offsets is not None:

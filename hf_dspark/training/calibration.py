@@ -151,14 +151,20 @@ def _checked_rounds(conf_logits, accepted_prefix_len, num_proposed):
     return logits, accepted, proposed
 
 
-def cumulative_confidence(conf_logits, temperatures=None, offsets=None) -> np.ndarray:
-    """a_k = Π_{i≤k} σ(z_i / T_i + b_i) for every round: [N, γ] (T = 1 / b = 0 where None)."""
+def calibrated_confidence(conf_logits, temperatures=None, offsets=None) -> np.ndarray:
+    """c_k = σ(z_k / T_k + b_k) for every round: [N, γ] (T = 1 / b = 0 where None) — the numpy twin of
+    ``DSparkDraftModel.confidence_from_logits`` for recorded rounds."""
     logits = np.asarray(conf_logits.detach().cpu().double() if isinstance(conf_logits, torch.Tensor)
                         else conf_logits, dtype=np.float64)
     gamma = logits.shape[1]
     temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
     shift = np.zeros(gamma) if offsets is None else np.asarray(offsets, dtype=np.float64)[:gamma]
-    return np.cumprod(_sigmoid(logits / temps + shift), axis=1)
+    return _sigmoid(logits / temps + shift)
+
+
+def cumulative_confidence(conf_logits, temperatures=None, offsets=None) -> np.ndarray:
+    """a_k = Π_{i≤k} σ(z_i / T_i + b_i) for every round: [N, γ] (T = 1 / b = 0 where None)."""
+    return np.cumprod(calibrated_confidence(conf_logits, temperatures, offsets), axis=1)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -237,6 +243,16 @@ def _fit_sequential(conf_logits, accepted_prefix_len, num_proposed, grid, offset
     return temperatures, offsets
 
 
+def fit_calibration(conf_logits, accepted_prefix_len, num_proposed=None, offsets: bool = True, grid=None,
+                    offset_grid=None, bins: int = DEFAULT_BINS) -> tuple[list[float], list[float] | None]:
+    """(temperatures, offsets): :func:`fit_sts_with_offsets`, or with ``offsets=False`` the paper's
+    :func:`fit_sts` and ``None`` offsets."""
+    if offsets:
+        return fit_sts_with_offsets(conf_logits, accepted_prefix_len, num_proposed, grid=grid,
+                                    offset_grid=offset_grid, bins=bins)
+    return fit_sts(conf_logits, accepted_prefix_len, num_proposed, grid=grid, bins=bins), None
+
+
 def split_half_ece(conf_logits, accepted_prefix_len, num_proposed=None, offsets: bool = True, grid=None,
                    offset_grid=None, bins: int = DEFAULT_BINS) -> np.ndarray:
     """Out-of-sample ECE per position [γ]: fit on the first half of the rounds and score on the second, then the
@@ -249,11 +265,7 @@ def split_half_ece(conf_logits, accepted_prefix_len, num_proposed=None, offsets:
         raise ValueError("split-half ECE needs at least two rounds")
     total, weight = np.zeros(logits.shape[1]), np.zeros(logits.shape[1])
     for fit, score in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
-        if offsets:
-            temps, shifts = fit_sts_with_offsets(logits[fit], accepted[fit], proposed[fit], grid=grid,
-                                                 offset_grid=offset_grid, bins=bins)
-        else:
-            temps, shifts = fit_sts(logits[fit], accepted[fit], proposed[fit], grid=grid, bins=bins), None
+        temps, shifts = fit_calibration(logits[fit], accepted[fit], proposed[fit], offsets, grid, offset_grid, bins)
         for row in calibration_report(logits[score], accepted[score], proposed[score], temps, bins, offsets=shifts):
             if row.num_rounds:
                 total[row.position - 1] += row.ece_after * row.num_rounds
@@ -345,11 +357,13 @@ __all__ = [
     "PositionCalibration",
     "ReliabilityCurve",
     "auc",
+    "calibrated_confidence",
     "calibration_report",
     "cumulative_confidence",
     "default_offset_grid",
     "default_temperature_grid",
     "expected_calibration_error",
+    "fit_calibration",
     "fit_sts",
     "fit_sts_with_offsets",
     "prefix_labels",
