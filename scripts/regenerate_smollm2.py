@@ -17,7 +17,12 @@ import torch
 
 from hf_dspark.embedded import load_default_target
 from hf_dspark.training.prompts import EvalOverlapGuard, Prompt, read_prompts, synthesise_template_prompts
-from hf_dspark.training.regenerate import SamplingSettings, regenerate_local, synthesise_magpie_prompts
+from hf_dspark.training.regenerate import (
+    SamplingSettings,
+    regenerate_local,
+    regenerate_with_engine,
+    synthesise_magpie_prompts,
+)
 
 MAGPIE_SYSTEMS = [
     None,
@@ -41,7 +46,11 @@ def main() -> None:
     parser.add_argument("--num-magpie", type=int, default=1500)
     parser.add_argument("--magpie-max-new-tokens", type=int, default=64,
                         help="length cap of a synthesised request (longer ones are dropped as rambling)")
-    parser.add_argument("--batch-size", type=int, default=24)
+    parser.add_argument("--backend", choices=["generate", "engine"], default="generate",
+                        help="answer with batched target.generate, or with the continuous-batching DSparkEngine "
+                             "(policy none: a finished answer frees its row at once)")
+    parser.add_argument("--batch-size", type=int, default=24,
+                        help="generate: prompts per batch; engine: requests decoding at once")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -69,8 +78,15 @@ def main() -> None:
         prompts = [p for pair in zip(prompts, magpie) for p in pair] + prompts[len(magpie):] + magpie[len(prompts):]
     guard.raise_if_overlapping(prompts)
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens)
-    regenerate_local(model, tokenizer, prompts, out / "train.jsonl", settings=settings,
-                     batch_size=args.batch_size, seed=args.seed)
+    if args.backend == "engine":
+        from hf_dspark.serving import DSparkEngine
+
+        engine = DSparkEngine(model, policy="none", max_running_requests=args.batch_size, tokenizer=tokenizer,
+                              max_batch_tokens=args.batch_size * 1024)
+        regenerate_with_engine(engine, tokenizer, prompts, out / "train.jsonl", settings=settings, seed=args.seed)
+    else:
+        regenerate_local(model, tokenizer, prompts, out / "train.jsonl", settings=settings,
+                         batch_size=args.batch_size, seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Regenerate answers with the target itself (the published recipe): the drafter learns the target's outputs.
 
-Two back-ends:
+Three back-ends:
 
 * local — batched ``target.generate`` (left padding, prompts sorted by length so a batch wastes little);
+* engine — our continuous-batching ``DSparkEngine`` (a finished answer leaves the batch at once and the next
+  prompt takes its place, so no row idles until the longest answer of its batch ends; each prompt samples
+  with its own seed, so its answer does not depend on which prompts shared its steps);
 * ``endpoint`` — any OpenAI-compatible chat server (vLLM / SGLang) for scale.
 
 Output is one jsonl record per prompt, ``{"id", "category", "messages": [user, assistant], "num_new_tokens",
@@ -16,6 +19,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +68,20 @@ def _done_ids(path: Path) -> set[str]:
     return done
 
 
+def _record(prompt: Prompt, answer: str, num_new_tokens: int | None, finish_reason: str | None) -> dict:
+    return {"id": prompt_id(prompt), "category": prompt.category,
+            "messages": [{"role": "user", "content": prompt.first_turn}, {"role": "assistant", "content": answer}],
+            "num_new_tokens": num_new_tokens, "finish_reason": finish_reason}
+
+
+def _todo(prompts: Sequence[Prompt], out_path: Path) -> list[Prompt]:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_ids(out_path)
+    todo = [p for p in dedupe(prompts) if prompt_id(p) not in done]
+    logger.info("%d prompts, %d already answered in %s", len(prompts), len(done), out_path)
+    return todo
+
+
 def _render(tokenizer, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt.first_turn}], tokenize=False,
                                          add_generation_prompt=True)
@@ -93,10 +111,7 @@ def regenerate_local(model, tokenizer, prompts: Sequence[Prompt], out_path: str 
     """Answer every prompt not yet in ``out_path`` with the local target; returns the number of new records."""
     settings = settings or SamplingSettings()
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_ids(out_path)
-    todo = [p for p in dedupe(prompts) if prompt_id(p) not in done]
-    logger.info("%d prompts, %d already answered in %s", len(prompts), len(done), out_path)
+    todo = _todo(prompts, out_path)
     # Sort by length inside windows of 16 batches: little padding, yet an early stop still leaves the mix.
     window = batch_size * 16
     todo = [p for w in range(0, len(todo), window) for p in sorted(todo[w:w + window], key=lambda p: len(p.first_turn))]
@@ -109,11 +124,7 @@ def regenerate_local(model, tokenizer, prompts: Sequence[Prompt], out_path: str 
             texts = [_render(tokenizer, p) for p in batch]
             results = _generate_batch(model, tokenizer, texts, settings, seed + b)
             for prompt, (answer, n_tokens, reason) in zip(batch, results):
-                record = {"id": prompt_id(prompt), "category": prompt.category,
-                          "messages": [{"role": "user", "content": prompt.first_turn},
-                                       {"role": "assistant", "content": answer}],
-                          "num_new_tokens": n_tokens, "finish_reason": reason}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write(json.dumps(_record(prompt, answer, n_tokens, reason), ensure_ascii=False) + "\n")
                 new_tokens += n_tokens
             f.flush()
             written += len(batch)
@@ -129,9 +140,7 @@ def regenerate_endpoint(endpoint: str, model_name: str, prompts: Sequence[Prompt
 
     settings = settings or SamplingSettings()
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_ids(out_path)
-    todo = [p for p in dedupe(prompts) if prompt_id(p) not in done]
+    todo = _todo(prompts, out_path)
     url = endpoint.rstrip("/") + ("" if endpoint.rstrip("/").endswith("/chat/completions") else "/v1/chat/completions")
     written = 0
     with out_path.open("a", encoding="utf-8") as f:
@@ -144,14 +153,64 @@ def regenerate_endpoint(endpoint: str, model_name: str, prompts: Sequence[Prompt
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 reply = json.loads(response.read())
             choice = reply["choices"][0]
-            record = {"id": prompt_id(prompt), "category": prompt.category,
-                      "messages": [{"role": "user", "content": prompt.first_turn},
-                                   {"role": "assistant", "content": choice["message"]["content"]}],
-                      "num_new_tokens": reply.get("usage", {}).get("completion_tokens"),
-                      "finish_reason": choice.get("finish_reason")}
+            record = _record(prompt, choice["message"]["content"], reply.get("usage", {}).get("completion_tokens"),
+                             choice.get("finish_reason"))
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()
             written += 1
+    return written
+
+
+def prompt_seed(prompt: Prompt, seed: int) -> int:
+    """The sampling seed of one prompt: fixed by its text and the run's seed, not by its place in a batch."""
+    return (seed * 1_000_003 + int(prompt_id(prompt), 16)) % (2**63 - 1)
+
+
+def regenerate_with_engine(engine, tokenizer, prompts: Sequence[Prompt], out_path: str | Path,
+                           settings: SamplingSettings | None = None, seed: int = 0, max_queued: int | None = None,
+                           progress: bool = True) -> int:
+    """Same as :func:`regenerate_local`, on a continuous-batching :class:`~hf_dspark.serving.DSparkEngine`.
+
+    The engine is driven from this thread (do not ``start()`` it). At most ``max_queued`` prompts (default: the
+    engine's ``max_running_requests`` plus as many waiting) are submitted ahead, and every answer is appended and
+    flushed as it finishes, so an interrupted run loses only the answers in flight. Records are written in
+    finishing order; a prompt's answer depends only on the prompt and ``seed``."""
+    settings = settings or SamplingSettings()
+    out_path = Path(out_path)
+    todo = _todo(prompts, out_path)
+    max_queued = max_queued or 2 * engine.max_running_requests
+    sampling = ({"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p,
+                 "top_k": settings.top_k} if settings.temperature > 0 else {"do_sample": False})
+    pending = deque(todo)
+    in_flight: list[tuple[Prompt, object]] = []
+    written = new_tokens = 0
+    start = time.perf_counter()
+    with out_path.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt",
+                                                         disable=not progress) as bar:
+        while pending or in_flight:
+            while pending and len(in_flight) < max_queued:
+                prompt = pending.popleft()
+                ids = tokenizer(_render(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+                handle = engine.submit(ids, settings.max_new_tokens, seed=prompt_seed(prompt, seed), **sampling)
+                in_flight.append((prompt, handle))
+            engine.step()
+            still = []
+            for prompt, handle in in_flight:
+                if not handle.done():
+                    still.append((prompt, handle))
+                    continue
+                output = handle.result()
+                finished = output.finish_reason.value == "stop"
+                tokens = output.token_ids[:-1] if finished else output.token_ids
+                answer = tokenizer.decode(tokens, skip_special_tokens=True)
+                f.write(json.dumps(_record(prompt, answer, len(output.token_ids), "stop" if finished else "length"),
+                                   ensure_ascii=False) + "\n")
+                f.flush()
+                new_tokens += len(output.token_ids)
+                written += 1
+                bar.update(1)
+            in_flight = still
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.0f}", refresh=False)
     return written
 
 
