@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModel
 from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable
 from .metrics import DSparkStats
-from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel
+from .modeling import DraftBlock, DraftCache, DSparkConfig, DSparkDraftModel, Eagle3DraftModel
 from .serving import DSparkEngine
 
 AutoConfig.register(DSparkConfig.model_type, DSparkConfig, exist_ok=True)
@@ -18,6 +18,7 @@ __all__ = [
     "DSparkConfig",
     "DSparkDraftModel",
     "DSparkEngine",
+    "Eagle3DraftModel",
     "DraftBlock",
     "DraftCache",
     "DSparkStats",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark import DSparkDraftModel
+from hf_dspark import DSparkDraftModel, Eagle3DraftModel
 from hf_dspark.training.draft_vocabulary import count_answer_tokens, coverage, most_frequent_tokens
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.target_cache import TargetCacheDataset, validate_manifest, write_target_logsumexp
@@ -34,7 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, drafter/")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     model = p.add_argument_group("drafter")
-    model.add_argument("--head", default="markov", choices=["markov", "gated", "rnn", "none"])
+    model.add_argument("--head", default="markov", choices=["markov", "gated", "rnn", "none", "eagle3"],
+                       help="sequential head of a DSpark drafter, 'none' for DFlash, or 'eagle3' for the "
+                            "autoregressive Eagle3-style baseline (one layer; CE loss like DFlash)")
     model.add_argument("--num-layers", type=int, default=1)
     model.add_argument("--block-size", type=int, default=7)
     model.add_argument("--markov-rank", type=int, default=128,
@@ -103,7 +105,7 @@ def main(argv=None) -> None:
         param_dtype = next(target.parameters()).dtype
         drafter = DSparkDraftModel.from_pretrained(args.init_from, target=target).to(param_dtype)
         draft_vocab = drafter.draft_to_target
-        args.head = drafter.config.sequential_head
+        args.head = "eagle3" if drafter.config.drafter_architecture == "eagle3" else drafter.config.sequential_head
         if args.grow_to_layers:
             logger.info("Growing the drafter from %d to %d layer(s)", drafter.config.num_hidden_layers,
                         args.grow_to_layers)
@@ -111,6 +113,10 @@ def main(argv=None) -> None:
         logger.info("Initialised from %s (%s head, %d layer(s), draft vocabulary %s); architecture options ignored",
                     args.init_from, args.head, drafter.config.num_hidden_layers,
                     drafter.config.draft_vocab_size or "full")
+    elif args.head == "eagle3":
+        drafter = Eagle3DraftModel.from_target(target, block_size=args.block_size,
+                                               target_layer_ids=dataset.manifest["target_layer_ids"],
+                                               draft_vocab=draft_vocab)
     else:
         drafter = DSparkDraftModel.from_target(target, num_layers=args.num_layers, block_size=args.block_size,
                                                head=args.head, markov_rank=args.markov_rank,

@@ -155,7 +155,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         processed = RowLogitsProcessor(row_processors, [rows.own_view(b) for b in range(bsz)])(
             input_ids[:, :0], raw.clone())
         first = _sample_or_argmax(processed, do_sample, dspark_generator)
-        draft_cache = drafter.extend_context(DraftCache(), tap.features(), positions, mask.bool())
+        next_ids = torch.cat([input_ids[:, 1:], first[:, None]], dim=1)  # the token after each prompt position
+        draft_cache = drafter.extend_context(DraftCache(), tap.features(), positions, mask.bool(), next_ids)
         stats.prefill_seconds += time.perf_counter() - start
         for b in range(bsz):
             _commit(rows, b, [int(first[b])], stopping_criteria, processed[b:b + 1], raw[b:b + 1])
@@ -216,7 +217,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             # target KV of anchor + accepted drafts stays valid; the rest of this round's slots become holes
             kept = torch.arange(width, device=device)[None, :] <= result.num_accepted[:, None]
             mask = torch.cat([mask, kept.long()], dim=1)
-            draft_cache = drafter.extend_context(draft_cache, tap.features()[:, :width], verify_pos, kept)
+            next_ids = torch.where(kept, result.output_tokens[:, :width], 0)  # accepted drafts, then the new token
+            draft_cache = drafter.extend_context(draft_cache, tap.features()[:, :width], verify_pos, kept, next_ids)
             anchor, anchor_pos = result.next_tokens, anchor_pos + result.num_accepted + 1
             # -- shrink: drop finished rows, crop trailing holes shared by every row ---------------------
             still = torch.tensor([not rows.finished[b] for b in act], dtype=torch.bool, device=device)

@@ -82,6 +82,14 @@ def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
     return None
 
 
+def _architecture_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
+    if config.drafter_architecture == "block":
+        return None
+    return (f"it is hf-dspark's {config.drafter_architecture!r} baseline, whose layer and tensor layout are ours, not "
+            "speculators' Eagle3 checkpoint layout; it is a baseline for comparisons, served with "
+            "target.generate(..., assistant_model=draft).")
+
+
 def _draft_vocab_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
     if config.draft_vocab_size is None:
         return None
@@ -91,8 +99,8 @@ def _draft_vocab_problem(config: DSparkConfig, vllm_servable: bool) -> str | Non
 
 
 # Each check returns a reason (completing "cannot be exported: ...") or None; add new limits here.
-EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_layer_family_problem, _head_problem,
-                                                                    _draft_vocab_problem]
+EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_architecture_problem, _layer_family_problem,
+                                                                    _head_problem, _draft_vocab_problem]
 
 
 def speculators_export_problems(config: DSparkConfig, vllm_servable: bool = True) -> list[str]:

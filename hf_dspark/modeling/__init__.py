@@ -1,4 +1,6 @@
 from .configuration import DSparkConfig, default_target_layer_ids
+from .eagle3 import Eagle3DraftModel
 from .modeling import DraftBlock, DraftCache, DSparkDraftModel
 
-__all__ = ["DSparkConfig", "DSparkDraftModel", "DraftBlock", "DraftCache", "default_target_layer_ids"]
+__all__ = ["DSparkConfig", "DSparkDraftModel", "Eagle3DraftModel", "DraftBlock", "DraftCache",
+           "default_target_layer_ids"]

@@ -10,6 +10,8 @@ from transformers import PretrainedConfig
 logger = logging.getLogger(__name__)
 
 SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")
+# "block": the parallel DSpark / DFlash backbone; "eagle3": the autoregressive Eagle3-style baseline
+DRAFTER_ARCHITECTURES = ("block", "eagle3")
 # Keys of a target's text config that a drafter never needs (big, or meaningless for a drafter).
 _DROPPED_TARGET_KEYS = ("architectures", "auto_map", "quantization_config", "transformers_version", "_name_or_path",
                         "id2label", "label2id", "task_specific_params", "torch_dtype", "dtype", "output_attentions",
@@ -67,6 +69,9 @@ class DSparkConfig(PretrainedConfig):
         target_name_or_path (`str`): the target this drafter was built for (informational; checked softly).
         target_embedding_signature (`list[float]`): norms of a few target embedding rows, used to refuse a
             different target with identical shapes.
+        drafter_architecture (`str`, defaults to `"block"`): `"block"` (DSpark / DFlash) or `"eagle3"`, the
+            Eagle3-style baseline: one autoregressive layer over [fc(target features) ; next-token embedding]
+            that drafts one token per pass (`Eagle3DraftModel`; no sequential or confidence head, 1 layer).
     """
 
     model_type = "dspark_drafter"
@@ -90,6 +95,7 @@ class DSparkConfig(PretrainedConfig):
         target_name_or_path: str | None = None,
         target_embedding_signature: list[float] | None = None,
         hf_dspark_version: str | None = None,
+        drafter_architecture: str = "block",
         **kwargs,
     ):
         target_config = dict(target_config or {})
@@ -117,6 +123,7 @@ class DSparkConfig(PretrainedConfig):
         self.target_name_or_path = target_name_or_path
         self.target_embedding_signature = target_embedding_signature
         self.hf_dspark_version = hf_dspark_version or _version()
+        self.drafter_architecture = drafter_architecture
         # transformers' pipeline / assisted-generation checks read these off the assistant's config.
         for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_size"):
             kwargs.setdefault(key, target_config.get(key))
@@ -131,6 +138,12 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"sequential_head={self.sequential_head!r} is not one of {SEQUENTIAL_HEADS}.")
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be >= 1 (published drafters use 7).")
+        if self.drafter_architecture not in DRAFTER_ARCHITECTURES:
+            raise ValueError(f"drafter_architecture={self.drafter_architecture!r} is not one of {DRAFTER_ARCHITECTURES}.")
+        if self.drafter_architecture == "eagle3" and (
+                self.sequential_head != "none" or self.use_confidence_head or self.num_hidden_layers != 1):
+            raise ValueError("An Eagle3 drafter has one layer and no sequential or confidence head: use "
+                             "sequential_head='none', use_confidence_head=False, num_hidden_layers=1.")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers={self.num_hidden_layers} must be >= 1.")
         if self.sequential_head != "none" and self.markov_rank < 1:

@@ -570,6 +570,10 @@ def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
     raw = _read_config(path)
     dialect = detect_dialect(raw, path)
     config = dialect.build_config(raw, target)
+    if getattr(config, "drafter_architecture", "block") == "eagle3":
+        from .eagle3 import Eagle3DraftModel
+
+        cls = cls if issubclass(cls, Eagle3DraftModel) else Eagle3DraftModel
     tensors = read_checkpoint_index(path)
     dialect.check_tensors(raw, tensors)
     model = _empty_model(cls, config)

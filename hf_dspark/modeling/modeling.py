@@ -57,15 +57,16 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 class DraftAttention(nn.Module):
     """GQA attention whose keys/values are [context K/V ; block K/V]; queries are the block only."""
 
-    def __init__(self, tcfg, family: TargetFamily):
+    def __init__(self, tcfg, family: TargetFamily, input_size: int | None = None):
         super().__init__()
         self.num_heads = tcfg.num_attention_heads
         self.num_kv_heads = tcfg.num_key_value_heads
         self.head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads
         d, qkv_bias = tcfg.hidden_size, family.qkv_bias(tcfg)
-        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        n_in = input_size or d  # Eagle3's layer reads [token embedding ; feature] (2d) and writes d
+        self.q_proj = nn.Linear(n_in, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(n_in, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(n_in, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=family.o_bias(tcfg))
         if family.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, tcfg.rms_norm_eps)
@@ -83,12 +84,16 @@ class DraftAttention(nn.Module):
             k = self.k_norm(k)
         return _apply_rotary(k, cos, sin), self._heads(self.v_proj(x), self.num_kv_heads)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
-        """x [B, q, d]; ctx_k/v [B, Hkv, S, hd]; mask [B, 1, q, S + q] bool (True = attend)."""
+    def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, n, d] -> post-norm, post-RoPE queries [B, H, n, hd]."""
         q = self._heads(self.q_proj(x), self.num_heads)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        q = _apply_rotary(q, cos, sin)
+        return _apply_rotary(q, cos, sin)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+        """x [B, q, d]; ctx_k/v [B, Hkv, S, hd]; mask [B, 1, q, S + q] bool (True = attend)."""
+        q = self.project_q(x, cos, sin)
         k, v = self.project_kv(x, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
@@ -136,6 +141,9 @@ class DraftCache:
     values: list[torch.Tensor] = field(default_factory=list)
     valid: torch.Tensor | None = None  # [B, S] bool
     positions: torch.Tensor | None = None  # [B, S] long
+    # autoregressive (Eagle3) drafters: output state and position of each row's last committed entry
+    tail: torch.Tensor | None = None  # [B, d]
+    tail_positions: torch.Tensor | None = None  # [B] long
 
     @property
     def num_slots(self) -> int:
@@ -156,7 +164,8 @@ class DraftCache:
         if self.valid is None:
             return DraftCache()
         return DraftCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.valid[rows],
-                          self.positions[rows])
+                          self.positions[rows], None if self.tail is None else self.tail[rows],
+                          None if self.tail_positions is None else self.tail_positions[rows])
 
 
 @dataclass
@@ -200,7 +209,7 @@ class DSparkDraftModel(PreTrainedModel):
         d = config.target_hidden_size
         self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
         self.hidden_norm = RMSNorm(d, tcfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftDecoderLayer(tcfg, self.family) for _ in range(config.num_hidden_layers))
+        self.layers = self._build_layers(tcfg)
         self.norm = RMSNorm(d, tcfg.rms_norm_eps)
         self.rotary_emb = self.family.rotary_embedding(tcfg)
         vocab = tcfg.vocab_size
@@ -216,6 +225,9 @@ class DSparkDraftModel(PreTrainedModel):
         self.confidence_head = ConfidenceHead(d + config.markov_rank) if config.use_confidence_head else None
         self._bound_target: list[nn.Module] = []  # a list, so the target is not registered as a submodule
         self.post_init()
+
+    def _build_layers(self, tcfg) -> nn.ModuleList:
+        return nn.ModuleList(DraftDecoderLayer(tcfg, self.family) for _ in range(self.config.num_hidden_layers))
 
     def _init_weights(self, module: nn.Module) -> None:
         std = 0.02
@@ -414,11 +426,12 @@ class DSparkDraftModel(PreTrainedModel):
         return self.hidden_norm(self.fc(features))
 
     def extend_context(self, cache: DraftCache, features: torch.Tensor, positions: torch.Tensor,
-                       valid: torch.Tensor | None = None) -> DraftCache:
+                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None) -> DraftCache:
         """Append committed positions to the drafter cache.
 
         features [B, n, m·d] (raw taps, ascending layer order), positions [B, n] absolute positions,
-        valid [B, n] (False for padding).
+        valid [B, n] (False for padding). ``next_ids`` [B, n] (the committed token after each position) is what
+        an autoregressive drafter pairs each position with; the block drafter does not need it.
         """
         if valid is None:
             valid = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)

@@ -151,6 +151,10 @@ class DSparkEngine:
         if draft is None and not isinstance(self.policy, NoSpeculationPolicy):
             raise ValueError(f"verify policy {getattr(self.policy, 'name', self.policy)!r} needs a drafter: pass "
                              "draft=DSparkDraftModel..., or use policy='none' for plain continuous batching.")
+        if draft is not None and draft.config.drafter_architecture != "block":
+            raise ValueError(f"DSparkEngine serves block (DSpark / DFlash) drafters; a "
+                             f"{draft.config.drafter_architecture!r} drafter runs through target.generate(..., "
+                             "assistant_model=draft) instead.")
         if draft is not None and draft._bound_target[:1] != [target]:
             draft.bind_target(target)
         self.device = next(target.parameters()).device

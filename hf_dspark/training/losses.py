@@ -41,8 +41,8 @@ class LossConfig:
 
     @classmethod
     def for_head(cls, head: str, **overrides) -> LossConfig:
-        """DSpark's three-term loss, or CE only for a DFlash drafter (``head="none"``)."""
-        if head == "none":
+        """DSpark's three-term loss, or CE only for the baselines: DFlash (``head="none"``) and ``"eagle3"``."""
+        if head in ("none", "eagle3"):
             overrides = {"ce_weight": 1.0, "l1_weight": 0.0, "confidence_weight": 0.0, **overrides}
         return cls(**overrides)
 
@@ -72,13 +72,21 @@ class BlockOutputs:
 
 
 def compute_block_hidden(drafter, features: torch.Tensor, context_valid: torch.Tensor,
-                         targets: BlockTargets) -> torch.Tensor:
-    """Backbone states h [N, A, γ, d] of every sampled block: features [N, T, m·d], context_valid [N, T]."""
+                         targets: BlockTargets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Backbone states h [N, A, γ, d] of every sampled block: features [N, T, m·d], context_valid [N, T].
+
+    An autoregressive (Eagle3) drafter reads the data's tokens instead of mask-filled blocks: it also needs
+    ``input_ids`` [N, T]."""
     n, t = context_valid.shape
     positions = torch.arange(t, device=features.device).expand(n, t)
     param = next(drafter.parameters())
-    return drafter(features.to(param.dtype), positions, context_valid.bool(), targets.anchor_positions,
-                   targets.block_ids)
+    features = features.to(param.dtype)
+    if drafter.config.drafter_architecture == "eagle3":
+        if input_ids is None:
+            raise ValueError("Training an Eagle3 drafter needs the cached input_ids.")
+        return drafter(features, positions, context_valid.bool(), targets.anchor_positions, targets.prev_ids,
+                       input_ids)
+    return drafter(features, positions, context_valid.bool(), targets.anchor_positions, targets.block_ids)
 
 
 def compute_block_logits(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
@@ -101,9 +109,9 @@ def compute_block_logits(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
 
 
 def compute_block_outputs(drafter, features: torch.Tensor, context_valid: torch.Tensor,
-                          targets: BlockTargets) -> BlockOutputs:
+                          targets: BlockTargets, input_ids: torch.Tensor | None = None) -> BlockOutputs:
     """All drafter outputs for the sampled blocks at once (evaluation; training uses the chunked loss)."""
-    hidden = compute_block_hidden(drafter, features, context_valid, targets)
+    hidden = compute_block_hidden(drafter, features, context_valid, targets, input_ids)
     flat_hidden = hidden.flatten(0, 1)
     logits, conf = compute_block_logits(drafter, flat_hidden, targets.prev_ids.flatten(0, 1))
     lead = hidden.shape[:2]

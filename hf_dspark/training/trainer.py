@@ -140,7 +140,8 @@ class _TrainingStep(nn.Module):
         self.loss_config = loss_config
 
     def forward(self, batch: dict, targets, denominator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = compute_block_hidden(self.drafter, batch["target_hidden_states"], batch["attention_mask"], targets)
+        hidden = compute_block_hidden(self.drafter, batch["target_hidden_states"], batch["attention_mask"], targets,
+                                      batch["input_ids"])
         out = compute_loss(self.drafter, hidden, targets, batch["target_last_hidden_states"], self.loss_config,
                            denominator=denominator, target_logsumexp=batch.get("target_logsumexp"))
         return out.loss, out.stats.to_vector()

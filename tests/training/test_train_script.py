@@ -65,3 +65,17 @@ def test_reduced_vocabulary_run_then_init_from(saved_target_and_cache):
         assert torch.equal(second.state_dict()[name], tensor), name
     metrics = [json.loads(line) for line in (root / "second" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 6 and all(m["lr"] == 0 for m in metrics)
+
+
+def test_eagle3_baseline_trains_through_the_script(saved_target_and_cache):
+    root = saved_target_and_cache
+    load_script().main(["--cache", str(root / "cache"), "--target", str(root / "target"), "--head", "eagle3",
+                        "--block-size", "4", "--num-anchors", "4", "--batch-size", "2", "--grad-accum", "1",
+                        "--steps", "4", "--save-steps", "100", "--no-progress", "--threads", "1",
+                        "--out", str(root / "eagle3")])
+    from hf_dspark import Eagle3DraftModel
+
+    drafter = DSparkDraftModel.from_pretrained(root / "eagle3" / "drafter", target=make_tiny_llama(num_layers=4))
+    assert type(drafter) is Eagle3DraftModel and drafter.config.target_layer_ids == [1, 2]
+    metrics = [json.loads(line) for line in (root / "eagle3" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 4 and metrics[-1]["l1"] >= 0 and metrics[-1]["confidence_bce"] == 0

@@ -1,0 +1,223 @@
+"""Eagle3DraftModel: the autoregressive Eagle3-style baseline (SPEC §2: "1 autoregressive layer fed with
+fc(features)"), in the same library, checkpoint format and verification path as the DSpark drafter.
+
+Entry t of the drafter's sequence pairs what is known at position t with the token that follows it:
+
+    input_t = [RMSNorm(embed(x_{t+1})) ; RMSNorm(g_t)]  (2d)  --one decoder layer (causal over entries)-->  o_t
+    g_t = fc(target taps at t) for committed positions;  RMSNorm(o_t) --target's LM head--> x_{t+2}
+
+Drafting one round from the anchor x_p (entries < p committed, the last one, p − 1, paired with x_p):
+draft 1 comes from o_{p−1}; draft k+1 from a new entry at position p + k − 1 whose feature is the drafter's
+own previous output o (the target's feature there is unknown until verification) and whose token is draft k.
+So each draft costs one single-token pass, where the block drafter drafts γ tokens in one pass: that is the
+difference the baseline exists to measure. Training unrolls the same chain with the data's tokens (teacher
+forcing on the tokens, the drafter's own states as features: Eagle3's "training-time test"), and returns
+h [N, A, γ, d] in the block drafter's slot convention, so the losses, trainer and evaluation are shared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .modeling import DraftAttention, DraftBlock, DraftCache, DraftMLP, DSparkDraftModel, RMSNorm, _sample_rows
+
+
+class Eagle3Layer(nn.Module):
+    """One pre-norm decoder layer reading [embedding ; feature] (2d); the residual stream is the feature."""
+
+    def __init__(self, tcfg, family):
+        super().__init__()
+        d = tcfg.hidden_size
+        self.self_attn = DraftAttention(tcfg, family, input_size=2 * d)
+        self.mlp = DraftMLP(tcfg, family)
+        self.input_layernorm = RMSNorm(d, tcfg.rms_norm_eps)  # of the token embedding
+        self.post_attention_layernorm = RMSNorm(d, tcfg.rms_norm_eps)
+
+    def finish(self, feature: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Residual + o_proj, then the MLP block: the entry's (pre-norm) output o."""
+        x = feature + self.self_attn.o_proj(attended)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _attend(q: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_mask: torch.Tensor,
+            chain_k: torch.Tensor | None = None, chain_v: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of queries over context entries plus, per query, its own chain of draft entries.
+
+    q [B, H, A, hd]; ctx_k/v [B, Hkv, S, hd]; ctx_mask [B, A, S] bool; chain_k/v [B, Hkv, A, j, hd]: the j
+    entries only query a attends to (its own earlier draft steps and itself). Returns [B, A, H·hd].
+    Why by hand: each query's chain is private (a diagonal, not a shared key set), which SDPA cannot express
+    without materialising an [A, A·j] mask per step."""
+    heads, kv_heads = q.shape[1], ctx_k.shape[1]
+    rep = heads // kv_heads
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k = ctx_k.repeat_interleave(rep, 1) if rep > 1 else ctx_k
+    v = ctx_v.repeat_interleave(rep, 1) if rep > 1 else ctx_v
+    scores = (q @ k.transpose(-1, -2)).float() * scale  # [B, H, A, S]
+    has_chain = chain_k is not None and chain_k.shape[3] > 0
+    # a query with nothing to attend to (a padding entry) attends everywhere: finite, and never used
+    mask = ctx_mask if has_chain else ctx_mask | ~ctx_mask.any(-1, keepdim=True)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    if has_chain:
+        ck = chain_k.repeat_interleave(rep, 1) if rep > 1 else chain_k
+        cv = chain_v.repeat_interleave(rep, 1) if rep > 1 else chain_v
+        chain_scores = (q[..., None, :] * ck).sum(-1).float() * scale  # [B, H, A, j]
+        probs = torch.softmax(torch.cat([scores, chain_scores], dim=-1), dim=-1).to(q.dtype)
+        ctx_probs, chain_probs = probs[..., : scores.shape[-1]], probs[..., scores.shape[-1]:]
+        out = ctx_probs @ v + (chain_probs[..., None] * cv).sum(-2)
+    else:
+        out = torch.softmax(scores, dim=-1).to(q.dtype) @ v
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+class Eagle3DraftModel(DSparkDraftModel):
+    """Eagle3-style autoregressive drafter (``DSparkConfig(drafter_architecture="eagle3")``); see the module
+    docstring. ``from_target`` builds one; ``DSparkDraftModel.from_pretrained`` loads it back as this class."""
+
+    def _build_layers(self, tcfg) -> nn.ModuleList:
+        return nn.ModuleList([Eagle3Layer(tcfg, self.family)])
+
+    @classmethod
+    def from_target(cls, target, block_size: int = 7, target_layer_ids: list[int] | None = None,
+                    draft_vocab=None, **config_kwargs) -> Eagle3DraftModel:
+        """A new, randomly initialised Eagle3 drafter for ``target`` (``block_size`` = drafts per round)."""
+        return super().from_target(target, num_layers=1, block_size=block_size, head="none",
+                                   target_layer_ids=target_layer_ids, use_confidence_head=False,
+                                   draft_vocab=draft_vocab, drafter_architecture="eagle3", **config_kwargs)
+
+    def grow_layers(self, num_layers: int):
+        raise ValueError("An Eagle3 drafter has exactly one layer.")
+
+    # ---------------------------------------------------------------------------------------------------
+    # One entry of the sequence
+    # ---------------------------------------------------------------------------------------------------
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Raw target taps [.., m·d] -> g [.., d] (normalised inside the layer, like the drafter's own o)."""
+        return self.fc(features)
+
+    def _queries_keys_values(self, feature: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor):
+        """feature [B, n, d] (g or o), next_ids [B, n], positions [B, n] -> q [B,H,n,hd], k, v [B,Hkv,n,hd]."""
+        layer = self.layers[0]
+        x = torch.cat([layer.input_layernorm(self.embed(next_ids)), self.hidden_norm(feature)], dim=-1)
+        cos, sin = self.rotary_emb(x, positions)
+        k, v = layer.self_attn.project_kv(x, cos, sin)
+        return layer.self_attn.project_q(x, cos, sin), k, v
+
+    # ---------------------------------------------------------------------------------------------------
+    # Inference: context and drafting (the interface generate uses for every drafter)
+    # ---------------------------------------------------------------------------------------------------
+    def extend_context(self, cache: DraftCache, features: torch.Tensor, positions: torch.Tensor,
+                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None) -> DraftCache:
+        """Append committed positions: features [B, n, m·d], positions [B, n], valid [B, n], and ``next_ids``
+        [B, n], the committed token after each position (an entry pairs position t with token t + 1)."""
+        if next_ids is None:
+            raise ValueError("An Eagle3 drafter needs next_ids (the token after each committed position) in "
+                             "extend_context; this caller only provides features.")
+        if valid is None:
+            valid = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+        if features.shape[1] == 0:
+            return cache
+        feature = self.fuse_features(features)
+        q, k, v = self._queries_keys_values(feature, next_ids, positions)
+        if cache.num_slots:
+            keys, values = torch.cat([cache.keys[0], k], 2), torch.cat([cache.values[0], v], 2)
+            key_valid, key_pos = torch.cat([cache.valid, valid], 1), torch.cat([cache.positions, positions], 1)
+        else:
+            keys, values, key_valid, key_pos = k, v, valid, positions
+        mask = key_valid[:, None, :] & (key_pos[:, None, :] <= positions[:, :, None])
+        out = self.layers[0].finish(feature, _attend(q, keys, values, mask))
+        cache.append([k], [v], valid, positions)
+        # the row's newest committed entry is where its next round starts
+        last = torch.where(valid, positions, -1).argmax(dim=1)
+        rows = torch.arange(len(last), device=last.device)
+        has_new = valid.any(dim=1)
+        new_tail, new_pos = out[rows, last], positions[rows, last]
+        if cache.tail is None:
+            cache.tail = torch.where(has_new[:, None], new_tail, torch.zeros_like(new_tail))
+            cache.tail_positions = torch.where(has_new, new_pos, torch.full_like(new_pos, -1))
+        else:
+            cache.tail = torch.where(has_new[:, None], new_tail, cache.tail)
+            cache.tail_positions = torch.where(has_new, new_pos, cache.tail_positions)
+        return cache
+
+    @torch.no_grad()
+    def draft_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
+                    num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
+                    prefix_ids: torch.Tensor | None = None, generator=None,
+                    confidence_threshold: float | None = None) -> DraftBlock:
+        """Draft up to γ tokens autoregressively (one single-token layer pass each); same contract as
+        :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold`` is ignored: there is no confidence head."""
+        if cache.tail is None or not bool((cache.tail_positions == anchor_positions - 1).all()):
+            raise ValueError("Eagle3 drafter context is out of step: its last committed entry must be the position "
+                             "just before each anchor (extend_context with next_ids after every round).")
+        gamma = min(num_tokens or self.config.block_size, self.config.block_size)
+        bsz = anchor_ids.shape[0]
+        layer = self.layers[0]
+        ctx_mask = (cache.valid & (cache.positions < anchor_positions[:, None]))[:, None, :]
+        feature = cache.tail
+        tokens = anchor_ids.new_zeros(bsz, gamma)
+        hiddens, all_base, all_logits, all_probs, chain_k, chain_v = [], [], [], [], [], []
+        for k in range(gamma):
+            hidden = self.norm(feature)
+            base = self.compute_draft_logits(hidden).float()
+            logits = self.to_target_vocab(base)
+            if logits_processor is not None:
+                ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
+                logits = logits_processor(ids, logits)
+            if do_sample:
+                probs = torch.softmax(logits, dim=-1)
+                tokens[:, k] = _sample_rows(probs, generator)
+                all_probs.append(probs)
+            else:
+                tokens[:, k] = logits.argmax(dim=-1)
+            hiddens.append(hidden)
+            all_base.append(base)
+            all_logits.append(logits)
+            if k == gamma - 1:
+                break
+            q, key, value = self._queries_keys_values(feature[:, None], tokens[:, k:k + 1],
+                                                      (anchor_positions + k)[:, None])
+            chain_k.append(key)
+            chain_v.append(value)
+            attended = _attend(q, cache.keys[0], cache.values[0], ctx_mask, torch.stack(chain_k, 3),
+                               torch.stack(chain_v, 3))
+            feature = layer.finish(feature[:, None], attended)[:, 0]
+        return DraftBlock(tokens=tokens, num_drafts=torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device),
+                          draft_logits=torch.stack(all_logits, 1),
+                          draft_probs=torch.stack(all_probs, 1) if do_sample else None,
+                          base_logits=torch.stack(all_base, 1), hidden=torch.stack(hiddens, 1),
+                          confidence=None, confidence_logits=None)
+
+    # ---------------------------------------------------------------------------------------------------
+    # Training: the chain unrolled for every sampled anchor at once
+    # ---------------------------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
+                anchor_positions: torch.Tensor, prev_ids: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """features [N, T, m·d], positions [N, T], context_valid [N, T], anchor_positions [N, A] (≥ 1),
+        prev_ids [N, A, γ] (the data's tokens x_{p+k}: slot k's entry is paired with them), input_ids [N, T].
+
+        Returns final-normed h [N, A, γ, d]; slot k predicts the token at p + k + 1, as in the block drafter."""
+        n, t = input_ids.shape
+        gamma = prev_ids.shape[-1]
+        layer = self.layers[0]
+        # context entries: g_t with x_{t+1}; the last position has no next token and stays out
+        next_ids = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)
+        valid = context_valid & torch.cat([context_valid[:, 1:], context_valid.new_zeros(n, 1)], dim=1)
+        feature = self.fuse_features(features)
+        q, k, v = self._queries_keys_values(feature, next_ids, positions)
+        causal = valid[:, None, :] & (positions[:, None, :] <= positions[:, :, None])
+        context_out = layer.finish(feature, _attend(q, k, v, causal))  # o_t of every committed entry
+        last = (anchor_positions - 1).clamp(min=0)  # entry p − 1, paired with the anchor x_p
+        state = context_out.gather(1, last[..., None].expand(-1, -1, context_out.shape[-1]))  # [N, A, d]
+        ctx_mask = valid[:, None, :] & (positions[:, None, :] <= last[..., None])
+        hiddens, chain_k, chain_v = [self.norm(state)], [], []
+        for step in range(1, gamma):
+            q, key, value = self._queries_keys_values(state, prev_ids[..., step], anchor_positions + step - 1)
+            chain_k.append(key)
+            chain_v.append(value)
+            attended = _attend(q, k, v, ctx_mask, torch.stack(chain_k, 3), torch.stack(chain_v, 3))
+            state = layer.finish(state, attended)
+            hiddens.append(self.norm(state))
+        return torch.stack(hiddens, dim=2)
