@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from .modeling import DraftAttention, DraftBlock, DraftCache, DraftMLP, DSparkDraftModel, RMSNorm, _sample_rows
+from .modeling import DraftAttention, DraftBlock, DraftCache, DraftMLP, DSparkDraftModel, RMSNorm, draw_draft_token
 
 
 class Eagle3Layer(nn.Module):
@@ -162,16 +162,9 @@ class Eagle3DraftModel(DSparkDraftModel):
         for k in range(gamma):
             hidden = self.norm(feature)
             base = self.compute_draft_logits(hidden).float()
-            logits = self.to_target_vocab(base)
-            if logits_processor is not None:
-                ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
-                logits = logits_processor(ids, logits)
-            if do_sample:
-                probs = torch.softmax(logits, dim=-1)
-                tokens[:, k] = _sample_rows(probs, generator)
-                all_probs.append(probs)
-            else:
-                tokens[:, k] = logits.argmax(dim=-1)
+            logits, probs = draw_draft_token(self.to_target_vocab(base), tokens, k, logits_processor, prefix_ids,
+                                             do_sample, generator)
+            all_probs.append(probs)
             hiddens.append(hidden)
             all_base.append(base)
             all_logits.append(logits)

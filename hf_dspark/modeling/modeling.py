@@ -561,15 +561,8 @@ class DSparkDraftModel(PreTrainedModel):
                     logits = self.to_target_vocab(logits + head.bias(u).float())
             else:
                 logits = self.to_target_vocab(logits)
-            if logits_processor is not None:
-                ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
-                logits = logits_processor(ids, logits)
-            if do_sample:
-                probs = torch.softmax(logits, dim=-1)
-                tokens[:, k] = _sample_rows(probs, generator)
-                all_probs.append(probs)
-            else:
-                tokens[:, k] = logits.argmax(dim=-1)
+            logits, probs = draw_draft_token(logits, tokens, k, logits_processor, prefix_ids, do_sample, generator)
+            all_probs.append(probs)
             all_logits.append(logits)
             prev = tokens[:, k]
             drafted = k + 1
@@ -583,6 +576,21 @@ class DSparkDraftModel(PreTrainedModel):
                           draft_logits=torch.stack(all_logits, 1) if all_logits else empty,
                           draft_probs=(torch.stack(all_probs, 1) if all_probs else empty) if do_sample else None,
                           base_logits=base_logits, hidden=hidden, confidence=confidence, confidence_logits=z)
+
+
+def draw_draft_token(logits: torch.Tensor, tokens: torch.Tensor, k: int, logits_processor, prefix_ids, do_sample: bool,
+                     generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Process slot k's logits [B, V] as the target's will be (input ids = prefix + drafts < k), then write the
+    sampled (or greedy) draft into ``tokens[:, k]``. Returns (processed logits, q or None when greedy)."""
+    if logits_processor is not None:
+        ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
+        logits = logits_processor(ids, logits)
+    if not do_sample:
+        tokens[:, k] = logits.argmax(dim=-1)
+        return logits, None
+    probs = torch.softmax(logits, dim=-1)
+    tokens[:, k] = _sample_rows(probs, generator)
+    return logits, probs
 
 
 def _sample_rows(probs: torch.Tensor, generator) -> torch.Tensor:
