@@ -451,11 +451,15 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
 
 def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int = 8, context_len: int = 256,
                       repeats: int = 3, rows: Sequence[int] | None = None, cache_dir: str | os.PathLike | None = None,
-                      use_cache: bool = True, seed: int = 0) -> StepCostProfile:
+                      use_cache: bool = True, seed: int = 0, recheck: bool = True) -> StepCostProfile:
     """Measure the engine's step cost on this machine: verify(R, W) for R in ``rows`` (default 1, 2, 4, ...,
     max_rows) and every W in 1..max_width, plus draft(R) when a drafter is given; cached on disk like SPS(B).
 
-    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step."""
+    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step.
+
+    The cache is keyed by model, dtype, device and threads, not by how busy the machine was: a table measured
+    while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
+    1-token verify); if that is much faster now than the cached value, the table is measured again."""
     row_grid = sorted(set(int(r) for r in (rows or default_row_grid(max_rows))))
     if not row_grid or row_grid[0] < 1 or max_width < 1:
         raise ValueError(f"profile_step_cost: rows must be positive and max_width >= 1, got {row_grid}, {max_width}")
@@ -467,15 +471,18 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
     key = hashlib.sha256((key + "|step-cost-isotonic|" + draft_config).encode()).hexdigest()[:24]
     path = _cache_root(cache_dir) / f"step-{key}.json"
+    generator = torch.Generator().manual_seed(seed)
     if use_cache and path.is_file():
         try:
             profile = StepCostProfile.load(path)
-            logger.info("step-cost profile: cache hit %s", path)
-            return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
-                                   {**profile.metadata, "source": "cache"})
         except (ValueError, KeyError, json.JSONDecodeError) as err:
             logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
-    generator = torch.Generator().manual_seed(seed)
+        else:
+            stale = recheck and _measured_on_a_busy_machine(profile, target, context_len, device, generator)
+            if not stale:
+                logger.info("step-cost profile: cache hit %s", path)
+                return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
+                                       {**profile.metadata, "source": "cache"})
     start = time.perf_counter()
     modules = [m for m in (target, draft) if m is not None]
     was_training = [m.training for m in modules]
@@ -503,6 +510,27 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     if use_cache:
         profile.save(path)
     return profile
+
+
+# A cached table whose 1-token verify is this many times slower than a fresh measurement is re-measured.
+STALE_PROFILE_FACTOR = 1.4
+
+
+def _measured_on_a_busy_machine(profile: StepCostProfile, target, context_len: int, device: torch.device,
+                                generator: torch.Generator) -> bool:
+    """Whether a cached table is much slower than the machine is now (it was measured under load).
+
+    Only this direction re-profiles: a machine that is busy *now* would otherwise replace a good table with a
+    contaminated one (the engine's online step-time scaling absorbs a transiently busy machine)."""
+    raw = profile.metadata.get("raw_verify_seconds")
+    cached = float(raw[0][0]) if raw else profile.verify(profile.rows[0], 1)
+    now = time_padded_verify(target, profile.rows[0], 1, context_len=context_len, repeats=5, device=device,
+                             generator=generator)
+    if cached > STALE_PROFILE_FACTOR * now:
+        logger.warning("step-cost profile: the cached table has verify(%d,1) = %.1f ms, %.1f ms now: it was measured "
+                       "on a busy machine; measuring again", profile.rows[0], 1e3 * cached, 1e3 * now)
+        return True
+    return False
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:

@@ -164,10 +164,36 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
         raise AssertionError("profiled again despite a cached table")
 
     monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
-    again = profile_step_cost(target, draft, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
+    kwargs = {"max_rows": 4, "max_width": 4, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
+    again = profile_step_cost(target, draft, **kwargs)
     assert again == cost and again.metadata["source"] == "cache"
     with pytest.raises(AssertionError, match="profiled again"):  # without the drafter: another entry
-        profile_step_cost(target, None, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
+        profile_step_cost(target, None, **kwargs)
+
+
+def test_a_cached_profile_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch, one_thread):
+    target = make_tiny_llama()
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
+    cost = profile_step_cost(target, None, **kwargs)
+    (path,) = (tmp_path / "sps").glob("step-*.json")
+    busy = json.loads(path.read_text())  # as if every timing had been taken while other work held the CPU
+    busy["verify_seconds"] = [[50 * v for v in line] for line in busy["verify_seconds"]]
+    busy["metadata"]["raw_verify_seconds"] = [[50 * v for v in line] for line in busy["metadata"]["raw_verify_seconds"]]
+    path.write_text(json.dumps(busy))
+    fresh = profile_step_cost(target, None, **kwargs)
+    assert fresh.metadata["source"] == "measured" and fresh.verify(1, 1) < 10 * cost.verify(1, 1)
+    assert json.loads(path.read_text())["verify_seconds"][0][0] < 10 * cost.verify(1, 1)  # the cache is replaced
+    # a table that is faster than the machine now is kept (a busy machine now must not overwrite it)
+    quiet = json.loads(path.read_text())
+    quiet["verify_seconds"] = [[v / 100 for v in line] for line in quiet["verify_seconds"]]
+    quiet["metadata"]["raw_verify_seconds"] = [[v / 100 for v in line] for line in quiet["metadata"]["raw_verify_seconds"]]
+    path.write_text(json.dumps(quiet))
+    calls = []
+    real = profiler.time_padded_verify
+    monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    kept = profile_step_cost(target, None, **kwargs)
+    assert kept.metadata["source"] == "cache" and kept.verify(1, 1) == quiet["verify_seconds"][0][0]
+    assert calls == [(1, 1)]  # one spot check, no re-profiling
 
 
 def test_isotonic_fit_averages_a_slow_outlier_instead_of_raising_everything_after_it():
