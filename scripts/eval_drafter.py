@@ -41,7 +41,8 @@ def load_drafters(paths: list[str], names: list[str] | None, target) -> dict[str
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", required=True, help="drafter directory (any supported checkpoint dialect)")
-    p.add_argument("--baseline-drafter", default=None, help="second drafter to compare with (e.g. DFlash)")
+    p.add_argument("--baseline-drafter", nargs="+", default=None,
+                   help="drafters to compare with (e.g. DFlash, Eagle3), scored on the same prompts")
     p.add_argument("--names", nargs="+", default=None, help="labels for the drafters (default: DSpark / DFlash)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, DTYPES[args.dtype])
     target.to(args.device)
-    paths = [args.drafter] + ([args.baseline_drafter] if args.baseline_drafter else [])
+    paths = [args.drafter] + list(args.baseline_drafter or [])
     drafters = load_drafters(paths, args.names, target)
     result = evaluate(target, tokenizer, drafters, benchmarks=args.benchmarks, eval_dir=args.eval_dir,
                       temperatures=args.temperatures, max_new_tokens=args.max_new_tokens,

@@ -252,7 +252,10 @@ class EvalResult:
 # evaluate
 # ---------------------------------------------------------------------------------------------------------
 def drafter_label(drafter) -> str:
-    """'DSpark' for a drafter with a sequential head, 'DFlash' for the head-less baseline."""
+    """'DSpark' for a drafter with a sequential head, 'DFlash' for the head-less block baseline, 'Eagle3' for the
+    autoregressive one."""
+    if getattr(drafter.config, "drafter_architecture", "block") == "eagle3":
+        return "Eagle3"
     return "DFlash" if getattr(drafter.config, "sequential_head", "none") == "none" else "DSpark"
 
 

@@ -1,7 +1,7 @@
 """Write an :class:`~hf_dspark.evaluation.harness.EvalResult` as markdown tables, JSON and PNG figures.
 
-Tables: τ / acceptance / speedup per benchmark × temperature (with the τ ratio of the first two drafters, e.g.
-DSpark vs DFlash), per-position acceptance, the static threshold sweep and per-position calibration.
+Tables: τ / acceptance / speedup per benchmark × temperature (with the τ ratio of the first drafter to each other
+one, e.g. DSpark vs DFlash and vs Eagle3), per-position acceptance, the static threshold sweep and per-position calibration.
 JSON holds every number (NaN written as null); ``rounds_<drafter>_T<t>.npz`` hold the raw rounds.
 """
 
@@ -44,8 +44,7 @@ def _mean(values) -> float | None:
 def _tau_table(result) -> str:
     names = result.drafters
     header = ["benchmark", "T", "prompts"] + [f"τ {n}" for n in names]
-    if len(names) >= 2:
-        header.append(f"τ {names[0]}/{names[1]}")
+    header += [f"τ {names[0]}/{n}" for n in names[1:]]
     header += [f"accept {n}" for n in names] + ["tok/s plain"] + [f"tok/s {n}" for n in names] \
         + [f"speedup {n}" for n in names]
     rows = []
@@ -60,8 +59,7 @@ def _tau_table(result) -> str:
 
 def _row(group, benchmark: str, temperature: float, prompts: str) -> list[str]:
     row = [benchmark, _fmt(temperature, "g"), prompts] + [_fmt(r.tau) for r in group]
-    if len(group) >= 2:
-        row.append(_fmt(group[0].tau / group[1].tau if group[1].tau else None))
+    row += [_fmt(group[0].tau / other.tau if other.tau else None) for other in group[1:]]
     row += [_pct(r.stats["acceptance_rate"]) for r in group] + [_fmt(group[0].plain_tokens_per_second, ".1f")]
     row += [_fmt(r.speculative_tokens_per_second, ".1f") for r in group]
     row += [_fmt(r.speedup, ".2f", "×") for r in group]
@@ -74,8 +72,7 @@ def _mean_row(per_bench, temperature: float) -> list[str]:
     taus = [_mean([g[i].tau for g in per_bench]) for i in range(n)]
     row = ["**mean**", _fmt(temperature, "g"), str(sum(g[0].num_prompts for g in per_bench))]
     row += [_fmt(t) for t in taus]
-    if n >= 2:
-        row.append(_fmt(taus[0] / taus[1] if taus[0] and taus[1] else None))
+    row += [_fmt(taus[0] / other if taus[0] and other else None) for other in taus[1:]]
     row += [_pct(_mean([g[i].stats["acceptance_rate"] for g in per_bench])) for i in range(n)]
     row += [_fmt(_mean([g[0].plain_tokens_per_second for g in per_bench]), ".1f")]
     row += [_fmt(_mean([g[i].speculative_tokens_per_second for g in per_bench]), ".1f") for i in range(n)]

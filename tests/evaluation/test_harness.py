@@ -129,3 +129,22 @@ def test_evaluate_single_drafter_without_speedup(tmp_path):
     assert result.drafters == ["DSpark"] and r.speedup is None and r.plain_tokens is None
     assert dspark.config.confidence_threshold == 0.0  # untouched
     assert "τ DSpark" in result.to_markdown() and "/DFlash" not in result.to_markdown()
+
+
+def test_three_drafters_give_a_ratio_to_each_baseline(tmp_path):
+    """An Eagle3 baseline next to DSpark and DFlash: labelled, scored on the same prompts, one τ ratio per baseline."""
+    from hf_dspark import Eagle3DraftModel
+
+    target, tok, dspark, dflash = make_setup()
+    torch.manual_seed(2)
+    eagle3 = Eagle3DraftModel.from_target(target, block_size=dspark.config.block_size).eval()
+    assert drafter_label(eagle3) == "Eagle3"
+    result = evaluate(target, tok, {"DSpark": dspark, "DFlash": dflash, "Eagle3": eagle3}, benchmarks=["gsm8k"],
+                      eval_dir=write_eval_dir(tmp_path), temperatures=(0.0,), max_new_tokens=10, max_samples=2,
+                      batch_size=2, progress=False)
+    taus = {r.drafter: r.tau for r in result.results}
+    assert set(taus) == {"DSpark", "DFlash", "Eagle3"} and all(t >= 1 for t in taus.values())
+    eagle3_row = next(r for r in result.results if r.drafter == "Eagle3")
+    assert eagle3_row.generated_tokens == eagle3_row.plain_tokens  # greedy: lossless
+    md = result.to_markdown()
+    assert "τ DSpark/DFlash" in md and "τ DSpark/Eagle3" in md
