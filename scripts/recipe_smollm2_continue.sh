@@ -2,7 +2,9 @@
 # Continue the SmolLM2 recipe with more Magpie data (stage 2 = session 3: PREV=smollm2 NEXT=smollm2-v3 NUM_MAGPIE=700 STEPS=1700;
 # stage 3 = session 4: PREV=smollm2-v3 NEXT=smollm2-v4 NUM_MAGPIE=1400 STEPS=1500 MAX_MINUTES=42 EVAL_SAMPLES=6;
 # stage 4 = session 5, same data, drafters deepened to 2 layers: PREV=smollm2-v4 NEXT=smollm2-v5 SKIP_REGENERATE=1
-#   NEXT_CACHE=runs/cache/smollm2-v4 GROW_TO_LAYERS=2 STEPS=2200 MAX_MINUTES=80 EVAL_SAMPLES=6):
+#   NEXT_CACHE=runs/cache/smollm2-v4 GROW_TO_LAYERS=2 STEPS=2200 MAX_MINUTES=80 EVAL_SAMPLES=6;
+# stage 5 = session 6, more Magpie data for the 1-layer drafters, calibrated for greedy decoding: PREV=smollm2-v4
+#   NEXT=smollm2-v6 SKIP_REGENERATE=1 STEPS=1500 MAX_MINUTES=35 EVAL_SAMPLES=6 CALIB_TEMPERATURE=0):
 #   1. Magpie prompts (the target writes user requests itself), answered by the target  -> data/smollm2-magpie/
 #   2. the PREV cache copied and extended with all but the last HOLDOUT magpie records (PREV stays intact)
 #   3. DSpark and DFlash continue from their PREV drafters (--init-from): identical data, steps, seed
@@ -48,6 +50,7 @@ $PY scripts/validate_checkpoints.py --runs "$RUNS/$PREV-markov" "$RUNS/$PREV-non
     --train-cache "$NEXT_CACHE" --out "$RUNS/validation-$TAG" --threads "$THREADS"
 $PY scripts/calibrate_drafter.py --drafter "$RUNS/$NEXT-markov/drafter" --out "$RUNS/$NEXT-markov/calibrated" \
     --prompts "$HELDOUT_FILE" --num-prompts $((2 * HOLDOUT)) --max-new-tokens 128 --batch-size 8 \
+    --temperature "${CALIB_TEMPERATURE:-1}" \
     --threads "$THREADS"
 $PY scripts/eval_drafter.py --drafter "$RUNS/$NEXT-markov/calibrated" --baseline-drafter "$RUNS/$NEXT-none/drafter" \
     --out "$RUNS/eval-$NEXT" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 \
