@@ -4,9 +4,10 @@
     hf-dspark train --data data/smollm2/train.jsonl --steps 2000    build the target cache, then train a drafter
     hf-dspark convert SRC DST --to speculators|native     export for vLLM, or import any published layout
     hf-dspark push SRC org/name [--eval-results eval.json]            upload with a generated model card
-    hf-dspark bench | eval | calibrate | serve-bench ...  run the matching scripts/*.py (options passed through)
+    hf-dspark regenerate | bench | eval | calibrate | serve-bench ...  run the matching scripts/*.py (options passed
+                                                          through)
 
-Commands backed by scripts (bench, train, eval, calibrate, serve-bench) need the repository checkout, where
+Commands backed by scripts (regenerate, bench, train, eval, calibrate, serve-bench) need the repository checkout, where
 ``scripts/`` lives next to the package; their options are the scripts' own (``hf-dspark eval --help``).
 """
 
@@ -25,6 +26,7 @@ logger = logging.getLogger("hf_dspark.cli")
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
 # Sub-command -> (script in scripts/, one-line description); their options are passed through unchanged.
 SCRIPT_COMMANDS = {
+    "regenerate": ("regenerate", "Answer prompts with the target itself: the training data (scripts/regenerate.py)."),
     "bench": ("bench_generate", "Benchmark generate with and without the drafter (scripts/bench_generate.py)."),
     "eval": ("eval_drafter", "Measure τ and speedup per benchmark (scripts/eval_drafter.py)."),
     "calibrate": ("calibrate_drafter", "Fit STS temperatures of the confidence head (scripts/calibrate_drafter.py)."),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The recipe behind the shipped SmolLM2-135M-Instruct drafter, end to end and resumable (rerun to continue).
-#   1. the target answers synthesised prompts            (scripts/regenerate_smollm2.py -> data/smollm2/train.jsonl)
+#   1. the target answers synthesised prompts            (scripts/regenerate.py -> data/smollm2/train.jsonl)
 #   2. target cache of all but the last HOLDOUT records  (those stay unseen for STS calibration)
 #   3. DSpark and DFlash drafters: identical data, steps, backbone and seed
 #   4. STS calibration of the DSpark drafter on the held-out records
@@ -18,7 +18,7 @@ THREADS=${THREADS:-2}
 RUNS=${RUNS:-runs}
 
 if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
-  $PY scripts/regenerate_smollm2.py --out data/smollm2 --num-magpie 0
+  $PY scripts/regenerate.py --out data/smollm2 --num-magpie 0
 fi
 N=$(wc -l < data/smollm2/train.jsonl)
 $PY scripts/build_target_cache.py --data data/smollm2/train.jsonl --out "$RUNS/cache/smollm2" \

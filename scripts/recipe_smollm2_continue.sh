@@ -30,7 +30,7 @@ THREADS=${THREADS:-2}
 GROW=${GROW_TO_LAYERS:+--grow-to-layers $GROW_TO_LAYERS}
 
 if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
-  $PY scripts/regenerate_smollm2.py --out data/smollm2-magpie --num-template 0 --num-magpie "$NUM_MAGPIE" \
+  $PY scripts/regenerate.py --out data/smollm2-magpie --num-template 0 --num-magpie "$NUM_MAGPIE" \
       --max-new-tokens 256 --batch-size 48 --threads "$THREADS" --seed 1
 fi
 N=$(wc -l < data/smollm2-magpie/train.jsonl)

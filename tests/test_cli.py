@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_dspark import DSparkDraftModel, cli
 
-ALL_COMMANDS = ["generate", "train", "convert", "push", "bench", "eval", "calibrate", "serve-bench"]
+ALL_COMMANDS = ["generate", "train", "convert", "push", "regenerate", "bench", "eval", "calibrate", "serve-bench"]
 
 
 def run(argv: list[str]) -> int:

@@ -1,9 +1,11 @@
-"""Magpie prompt synthesis: written as it goes and resumable (a resumed run equals an uninterrupted one)."""
+"""Regeneration: Magpie prompt synthesis (written as it goes, resumable), answering on the engine, and
+scripts/regenerate.py with your own target, prompt files and an OpenAI-compatible endpoint."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from chat_data import make_chat_tokenizer
 from conftest import make_tiny_llama
 
@@ -78,3 +80,89 @@ def test_engine_regeneration_samples_per_prompt_and_resumes(tmp_path):
     assert {r["finish_reason"] for r in wide.values()} <= {"stop", "length"}
     run(tmp_path / "reseeded.jsonl", prompts, running=8, seed=6)
     assert _read(tmp_path / "reseeded.jsonl") != wide  # the seed matters (16 sampled tokens × 8 prompts)
+
+
+# -------------------------------------------------------------------------------------------------------
+# scripts/regenerate.py: your own target and prompt files, answered locally or by an OpenAI-compatible server
+# -------------------------------------------------------------------------------------------------------
+def _regenerate_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "regenerate.py"
+    spec = importlib.util.spec_from_file_location("regenerate_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _own_prompts(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "count from one to five"}]},
+            {"conversations": [{"from": "human", "value": "what red cat"}]},
+            {"turns": ["please blue sea and sky"]},
+            {"messages": [{"role": "user", "content": "count from one to five"}]}]  # a duplicate
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "bench.jsonl").write_text(json.dumps({"turns": ["door wall roof floor lamp"]}) + "\n")
+    return path
+
+
+def test_script_answers_your_prompts_with_your_target(tmp_path):
+    model, tok = make_tiny_llama(seed=0), make_chat_tokenizer()
+    model.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    prompts = _own_prompts(tmp_path)
+    args = ["--target", str(tmp_path / "target"), "--prompts", str(prompts), "--num-template", "0",
+            "--num-magpie", "0", "--eval-dir", str(tmp_path / "eval"), "--out", str(tmp_path / "out"),
+            "--max-new-tokens", "6", "--batch-size", "2", "--threads", "1"]
+    _regenerate_script().main(args)
+    records = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    assert sorted(r["messages"][0]["content"] for r in records) == [
+        "count from one to five", "please blue sea and sky", "what red cat"]
+    assert all(r["messages"][1]["role"] == "assistant" and 1 <= r["num_new_tokens"] <= 6 for r in records)
+    _regenerate_script().main(args)  # resumed: nothing left to answer
+    assert len((tmp_path / "out" / "train.jsonl").read_text().splitlines()) == 3
+    (tmp_path / "eval" / "bench.jsonl").write_text(json.dumps({"turns": ["what red cat"]}) + "\n")
+    with pytest.raises(ValueError, match="overlap the evaluation"):
+        _regenerate_script().main([*args, "--out", str(tmp_path / "other")])
+
+
+def test_script_answers_through_an_openai_compatible_endpoint(tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Server(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            reply = {"choices": [{"message": {"role": "assistant", "content": "ok: " + body["messages"][0]["content"]},
+                                  "finish_reason": "stop"}], "usage": {"completion_tokens": 3}}
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prompts = _own_prompts(tmp_path)
+        _regenerate_script().main([
+            "--endpoint", f"http://127.0.0.1:{server.server_port}", "--model-name", "org/served", "--prompts",
+            str(prompts), "--num-template", "0", "--num-magpie", "0", "--eval-dir", str(tmp_path / "eval"),
+            "--out", str(tmp_path / "out"), "--max-new-tokens", "32", "--temperature", "0.7", "--top-p", "0.8"])
+    finally:
+        server.shutdown()
+    assert len(seen) == 3 and all(path == "/v1/chat/completions" for path, _ in seen)
+    assert {(b["model"], b["temperature"], b["top_p"], b["max_tokens"]) for _, b in seen} == {("org/served", 0.7, 0.8, 32)}
+    records = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    assert {r["messages"][1]["content"] for r in records} == {"ok: count from one to five", "ok: what red cat",
+                                                              "ok: please blue sea and sky"}
+    assert all(r["num_new_tokens"] == 3 and r["finish_reason"] == "stop" for r in records)
