@@ -97,13 +97,34 @@ class Eagle3DraftModel(DSparkDraftModel):
         """Raw target taps [.., m·d] -> g [.., d] (normalised inside the layer, like the drafter's own o)."""
         return self.fc(features)
 
-    def _queries_keys_values(self, feature: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor):
-        """feature [B, n, d] (g or o), next_ids [B, n], positions [B, n] -> q [B,H,n,hd], k, v [B,Hkv,n,hd]."""
+    def _entry_inputs(self, feature: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """feature [.., d] (g or o), next_ids [..] -> the layer's input [.., 2d]."""
         layer = self.layers[0]
-        x = torch.cat([layer.input_layernorm(self.embed(next_ids)), self.hidden_norm(feature)], dim=-1)
-        cos, sin = self.rotary_emb(x, positions)
-        k, v = layer.self_attn.project_kv(x, cos, sin)
-        return layer.self_attn.project_q(x, cos, sin), k, v
+        return torch.cat([layer.input_layernorm(self.embed(next_ids)), self.hidden_norm(feature)], dim=-1)
+
+    def _keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[0].self_attn.project_kv(x, *self.rotary_emb(x, positions))
+
+    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.layers[0].self_attn.project_q(x, *self.rotary_emb(x, positions))
+
+    def _queries_keys_values(self, feature: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor):
+        """feature [B, n, d], next_ids [B, n], positions [B, n] -> q [B,H,n,hd], k, v [B,Hkv,n,hd]."""
+        x = self._entry_inputs(feature, next_ids)
+        return (self._queries(x, positions), *self._keys_values(x, positions))
+
+    def _outputs_at(self, x: torch.Tensor, feature: torch.Tensor, positions: torch.Tensor, index: torch.Tensor,
+                    keys: torch.Tensor, values: torch.Tensor, key_valid: torch.Tensor,
+                    key_positions: torch.Tensor) -> torch.Tensor:
+        """Outputs o of the entries ``index`` [B, A] only (x / feature / positions [B, n, ..]): each attends to
+        the valid keys at positions up to its own. Why: only the newest committed entry of a round (inference)
+        or the entry before each anchor (training) is ever read, so the other entries need keys, not outputs."""
+        pick = index[..., None]
+        x_at = x.gather(1, pick.expand(-1, -1, x.shape[-1]))
+        pos_at = positions.gather(1, index)
+        mask = key_valid[:, None, :] & (key_positions[:, None, :] <= pos_at[..., None])
+        attended = _attend(self._queries(x_at, pos_at), keys, values, mask)
+        return self.layers[0].finish(feature.gather(1, pick.expand(-1, -1, feature.shape[-1])), attended)
 
     # ---------------------------------------------------------------------------------------------------
     # Inference: context and drafting (the interface generate uses for every drafter)
@@ -120,20 +141,19 @@ class Eagle3DraftModel(DSparkDraftModel):
         if features.shape[1] == 0:
             return cache
         feature = self.fuse_features(features)
-        q, k, v = self._queries_keys_values(feature, next_ids, positions)
+        x = self._entry_inputs(feature, next_ids)
+        k, v = self._keys_values(x, positions)
         if cache.num_slots:
             keys, values = torch.cat([cache.keys[0], k], 2), torch.cat([cache.values[0], v], 2)
             key_valid, key_pos = torch.cat([cache.valid, valid], 1), torch.cat([cache.positions, positions], 1)
         else:
             keys, values, key_valid, key_pos = k, v, valid, positions
-        mask = key_valid[:, None, :] & (key_pos[:, None, :] <= positions[:, :, None])
-        out = self.layers[0].finish(feature, _attend(q, keys, values, mask))
-        cache.append([k], [v], valid, positions)
         # the row's newest committed entry is where its next round starts
         last = torch.where(valid, positions, -1).argmax(dim=1)
-        rows = torch.arange(len(last), device=last.device)
+        new_tail = self._outputs_at(x, feature, positions, last[:, None], keys, values, key_valid, key_pos)[:, 0]
+        new_pos = positions.gather(1, last[:, None])[:, 0]
         has_new = valid.any(dim=1)
-        new_tail, new_pos = out[rows, last], positions[rows, last]
+        cache.append([k], [v], valid, positions)
         if cache.tail is None:
             cache.tail = torch.where(has_new[:, None], new_tail, torch.zeros_like(new_tail))
             cache.tail_positions = torch.where(has_new, new_pos, torch.full_like(new_pos, -1))
@@ -199,12 +219,11 @@ class Eagle3DraftModel(DSparkDraftModel):
         next_ids = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)
         valid = context_valid & torch.cat([context_valid[:, 1:], context_valid.new_zeros(n, 1)], dim=1)
         feature = self.fuse_features(features)
-        q, k, v = self._queries_keys_values(feature, next_ids, positions)
-        causal = valid[:, None, :] & (positions[:, None, :] <= positions[:, :, None])
-        context_out = layer.finish(feature, _attend(q, k, v, causal))  # o_t of every committed entry
+        x = self._entry_inputs(feature, next_ids)
+        k, v = self._keys_values(x, positions)
         last = (anchor_positions - 1).clamp(min=0)  # entry p − 1, paired with the anchor x_p
-        state = context_out.gather(1, last[..., None].expand(-1, -1, context_out.shape[-1]))  # [N, A, d]
-        ctx_mask = valid[:, None, :] & (positions[:, None, :] <= last[..., None])
+        state = self._outputs_at(x, feature, positions, last, k, v, valid, positions)  # [N, A, d]
+        ctx_mask = valid[:, None, :] & (positions[:, None, :] <= positions.gather(1, last)[..., None])
         hiddens, chain_k, chain_v = [self.norm(state)], [], []
         for step in range(1, gamma):
             q, key, value = self._queries_keys_values(state, prev_ids[..., step], anchor_positions + step - 1)
