@@ -52,7 +52,7 @@ def load_drafter(path: str | None, target, head: str):
 
 def prepacked_copy(drafter, packed_target):
     """The drafter bound to the prepacked target, its own linears prepacked too (the original stays as it is)."""
-    copy_ = DSparkDraftModel(drafter.config).eval()
+    copy_ = type(drafter)(drafter.config).eval()  # the same class: a block drafter or an Eagle3 one
     copy_.load_state_dict(drafter.state_dict())
     return prepack_linears(copy_.bind_target(packed_target))
 
