@@ -49,27 +49,25 @@ def _attend(q: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_mask:
     q [B, H, A, hd]; ctx_k/v [B, Hkv, S, hd]; ctx_mask [B, A, S] bool; chain_k/v [B, Hkv, A, j, hd]: the j
     entries only query a attends to (its own earlier draft steps and itself). Returns [B, A, H·hd].
     Why by hand: each query's chain is private (a diagonal, not a shared key set), which SDPA cannot express
-    without materialising an [A, A·j] mask per step."""
-    heads, kv_heads = q.shape[1], ctx_k.shape[1]
-    rep = heads // kv_heads
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    k = ctx_k.repeat_interleave(rep, 1) if rep > 1 else ctx_k
-    v = ctx_v.repeat_interleave(rep, 1) if rep > 1 else ctx_v
-    scores = (q @ k.transpose(-1, -2)).float() * scale  # [B, H, A, S]
+    without materialising an [A, A·j] mask per step. GQA groups the query heads of one K/V head instead of
+    repeating K/V: the context cache is read as it is, once per draft step."""
+    bsz, heads, num_q, head_dim = q.shape
+    kv_heads = ctx_k.shape[1]
+    scale = 1.0 / math.sqrt(head_dim)
+    grouped = q.view(bsz, kv_heads, heads // kv_heads, num_q, head_dim)  # head h reads K/V head h // group
+    scores = (grouped @ ctx_k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, g, A, S]
     has_chain = chain_k is not None and chain_k.shape[3] > 0
     # a query with nothing to attend to (a padding entry) attends everywhere: finite, and never used
     mask = ctx_mask if has_chain else ctx_mask | ~ctx_mask.any(-1, keepdim=True)
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     if has_chain:
-        ck = chain_k.repeat_interleave(rep, 1) if rep > 1 else chain_k
-        cv = chain_v.repeat_interleave(rep, 1) if rep > 1 else chain_v
-        chain_scores = (q[..., None, :] * ck).sum(-1).float() * scale  # [B, H, A, j]
+        chain_scores = torch.einsum("bkgad,bkajd->bkgaj", grouped, chain_k).float() * scale
         probs = torch.softmax(torch.cat([scores, chain_scores], dim=-1), dim=-1).to(q.dtype)
         ctx_probs, chain_probs = probs[..., : scores.shape[-1]], probs[..., scores.shape[-1]:]
-        out = ctx_probs @ v + (chain_probs[..., None] * cv).sum(-2)
+        out = ctx_probs @ ctx_v[:, :, None] + torch.einsum("bkgaj,bkajd->bkgad", chain_probs, chain_v)
     else:
-        out = torch.softmax(scores, dim=-1).to(q.dtype) @ v
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+        out = torch.softmax(scores, dim=-1).to(q.dtype) @ ctx_v[:, :, None]
+    return out.reshape(bsz, heads, num_q, head_dim).transpose(1, 2).reshape(bsz, num_q, -1)
 
 
 class Eagle3DraftModel(DSparkDraftModel):
