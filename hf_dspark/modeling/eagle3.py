@@ -204,6 +204,14 @@ class Eagle3DraftModel(DSparkDraftModel):
     # ---------------------------------------------------------------------------------------------------
     # Training: the chain unrolled for every sampled anchor at once
     # ---------------------------------------------------------------------------------------------------
+    def training_hidden(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
+                        targets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The unrolled chain for the sampled anchors: it reads the data's tokens (``targets.prev_ids`` and
+        ``input_ids``) instead of mask-filled blocks."""
+        if input_ids is None:
+            raise ValueError("Training an Eagle3 drafter needs the cached input_ids.")
+        return self(features, positions, context_valid, targets.anchor_positions, targets.prev_ids, input_ids)
+
     def forward(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
                 anchor_positions: torch.Tensor, prev_ids: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """features [N, T, m·d], positions [N, T], context_valid [N, T], anchor_positions [N, A] (≥ 1),

@@ -468,6 +468,12 @@ class DSparkDraftModel(PreTrainedModel):
             keys = values = [empty] * len(self.layers)
         return self._run_layers(x, cos, sin, keys, values, mask[:, None])
 
+    def training_hidden(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
+                        targets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """h [N, A, γ, d] of the sampled blocks (``targets``: training.anchors.BlockTargets); each drafter
+        architecture reads what it needs from them (this one: the anchor + mask-filled block ids)."""
+        return self(features, positions, context_valid, targets.anchor_positions, targets.block_ids)
+
     def forward(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
                 anchor_positions: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
         """Training forward: many blocks per sequence in one pass.

@@ -80,13 +80,7 @@ def compute_block_hidden(drafter, features: torch.Tensor, context_valid: torch.T
     n, t = context_valid.shape
     positions = torch.arange(t, device=features.device).expand(n, t)
     param = next(drafter.parameters())
-    features = features.to(param.dtype)
-    if drafter.config.drafter_architecture == "eagle3":
-        if input_ids is None:
-            raise ValueError("Training an Eagle3 drafter needs the cached input_ids.")
-        return drafter(features, positions, context_valid.bool(), targets.anchor_positions, targets.prev_ids,
-                       input_ids)
-    return drafter(features, positions, context_valid.bool(), targets.anchor_positions, targets.block_ids)
+    return drafter.training_hidden(features.to(param.dtype), positions, context_valid.bool(), targets, input_ids)
 
 
 def compute_block_logits(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
