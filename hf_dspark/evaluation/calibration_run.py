@@ -44,12 +44,13 @@ class CalibrationRun:
     num_prompts: int | None = None
     offsets: list[float] | None = None  # None = temperatures only (the paper's STS)
     split_half_ece: list[float] | None = None  # out-of-sample ECE per position (see training.calibration)
+    split_half_noise_floor: list[float] | None = None  # what a perfectly calibrated head would score there
 
     def to_dict(self) -> dict:
         return {"confidence_temperatures": self.temperatures, "confidence_offsets": self.offsets,
                 "serving_temperature": self.serving_temperature,
                 "num_prompts": self.num_prompts, "num_rounds": len(self.trace),
-                "split_half_ece": self.split_half_ece,
+                "split_half_ece": self.split_half_ece, "split_half_noise_floor": self.split_half_noise_floor,
                 "positions": [p.to_dict() for p in self.report]}
 
     def to_markdown(self) -> str:
@@ -62,6 +63,11 @@ class CalibrationRun:
         if self.split_half_ece is not None:
             text += ("\nOut-of-sample ECE after STS (fit on one half of the rounds, scored on the other, both ways): "
                      + ", ".join(f"position {k + 1} {100 * e:.1f}%" for k, e in enumerate(self.split_half_ece))
+                     + ".\n")
+        if self.split_half_noise_floor is not None:
+            text += ("\nNoise floor of those scores (the ECE a perfectly calibrated head would show on the same "
+                     "rounds, mean of 200 label draws; an ECE near it is sampling noise, not miscalibration): "
+                     + ", ".join(f"position {k + 1} {100 * e:.1f}%" for k, e in enumerate(self.split_half_noise_floor))
                      + ".\n")
         return text
 
@@ -95,9 +101,12 @@ def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | No
                                     grid=grid, offset_grid=offset_grid)
     report = calibration_report(trace.confidence_logits, trace.num_accepted, trace.num_proposed, temperatures=temps,
                                 offsets=shifts)
-    held_out = (split_half_ece(trace.confidence_logits, trace.num_accepted, trace.num_proposed, offsets=offsets,
-                               grid=grid, offset_grid=offset_grid).tolist() if len(trace) >= 2 else None)
-    return CalibrationRun(temps, report, trace, serving_temperature, num_prompts, shifts, held_out)
+    held_out, floor = None, None
+    if len(trace) >= 2:
+        held_out, floor = (x.tolist() for x in split_half_ece(
+            trace.confidence_logits, trace.num_accepted, trace.num_proposed, offsets=offsets, grid=grid,
+            offset_grid=offset_grid, return_noise_floor=True))
+    return CalibrationRun(temps, report, trace, serving_temperature, num_prompts, shifts, held_out, floor)
 
 
 def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, temperature: float = 1.0,

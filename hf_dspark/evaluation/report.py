@@ -106,16 +106,18 @@ def _sweep_table(result) -> str | None:
 
 def calibration_table(reports: dict[str, list[PositionCalibration]]) -> str:
     """One row per (label, position): rounds, realised prefix acceptance, ECE and AUC raw vs STS, T_k (and b_k when
-    any position has an offset)."""
-    header = ["run", "position", "rounds", "acceptance", "ECE raw", "ECE STS", "AUC raw", "AUC STS", "T_k"]
+    any position has an offset; and the ECE noise floor of the STS confidences when it was computed)."""
     with_offsets = any(p.offset for report in reports.values() for p in report)
-    header += ["b_k"] if with_offsets else []
+    with_floor = any(math.isfinite(p.ece_noise_floor) for report in reports.values() for p in report)
+    header = ["run", "position", "rounds", "acceptance", "ECE raw", "ECE STS"] + (["ECE floor"] if with_floor else [])
+    header += ["AUC raw", "AUC STS", "T_k"] + (["b_k"] if with_offsets else [])
     rows = []
     for label, report in reports.items():
         for p in report:
             rows.append([label, str(p.position), str(p.num_rounds), _pct(p.acceptance_rate), _pct(p.ece_before),
-                         _pct(p.ece_after), _fmt(p.auc_before, ".3f"), _fmt(p.auc_after, ".3f"),
-                         _fmt(p.temperature, ".3f")] + ([f"{p.offset:+.2f}"] if with_offsets else []))
+                         _pct(p.ece_after)] + ([_pct(p.ece_noise_floor)] if with_floor else [])
+                        + [_fmt(p.auc_before, ".3f"), _fmt(p.auc_after, ".3f"), _fmt(p.temperature, ".3f")]
+                        + ([f"{p.offset:+.2f}"] if with_offsets else []))
     return _table(header, rows)
 
 

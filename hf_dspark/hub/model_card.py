@@ -109,15 +109,17 @@ def read_evaluation(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
 def read_calibration(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Per-position calibration rows from a JSON list (or ``{"positions": [...]}``) of calibration_report dicts.
     A top-level ``split_half_ece`` list (what ``hf-dspark calibrate`` writes) becomes each row's
-    ``ece_split_half``: the out-of-sample figure the card shows next to the in-sample one."""
+    ``ece_split_half``: the out-of-sample figure the card shows next to the in-sample one (and
+    ``split_half_noise_floor`` its sampling-noise floor, ``ece_noise_floor_split_half``)."""
     raw = json.loads(Path(path).read_text())
     rows = raw.get("positions") if isinstance(raw, dict) else raw
     if not isinstance(rows, list) or not all(isinstance(row, dict) and "position" in row for row in rows):
         raise ValueError(f"{path}: expected a list of per-position calibration records (with 'position').")
-    held_out = raw.get("split_half_ece") if isinstance(raw, dict) else None
-    if isinstance(held_out, list):
-        rows = [row | {"ece_split_half": held_out[row["position"] - 1]} if row["position"] <= len(held_out) else row
-                for row in rows]
+    for source, key in (("split_half_ece", "ece_split_half"), ("split_half_noise_floor", "ece_noise_floor_split_half")):
+        values = raw.get(source) if isinstance(raw, dict) else None
+        if isinstance(values, list):
+            rows = [row | {key: values[row["position"] - 1]} if row["position"] <= len(values) else row
+                    for row in rows]
     return sorted(rows, key=lambda row: row["position"])
 
 
@@ -167,6 +169,8 @@ def _tau_table(evaluation: dict[str, dict[str, Any]]) -> tuple[list[str], list[l
 
 _CALIBRATION_ROWS = (("ECE before STS", "ece_before", 100.0, "%"), ("ECE after STS (in-sample)", "ece_after", 100.0, "%"),
                      ("ECE after STS (out-of-sample, split halves)", "ece_split_half", 100.0, "%"),
+                     ("ECE of a perfectly calibrated head on those rounds (noise floor)", "ece_noise_floor_split_half",
+                      100.0, "%"),
                      ("AUC", "auc_after", 1.0, ""), ("P(drafts 1..k accepted)", "acceptance_rate", 1.0, ""))
 
 

@@ -100,6 +100,28 @@ def expected_calibration_error(predictions, labels, bins: int = DEFAULT_BINS) ->
     return float(np.abs(gap).sum() / predictions.size)
 
 
+def ece_noise_floor(predictions, bins: int = DEFAULT_BINS, draws: int = 200, seed: int = 0) -> float:
+    """The ECE a *perfectly calibrated* predictor would show on these rounds: the mean binned ECE over ``draws``
+    label sets drawn as y ~ Bernoulli(p) from the predictions themselves.
+
+    Why: the binned ECE is biased upwards by sampling noise (a bin with n rounds at rate p misses by about
+    sqrt(p(1-p)/n) even when p is exact), so on a few thousand rounds a well-calibrated head cannot score 0 %;
+    an ECE near this floor means the remaining error is noise, not miscalibration. Deterministic for a seed."""
+    predictions = _as_array(predictions)
+    if predictions.size == 0:
+        return float("nan")
+    if predictions.min() < 0 or predictions.max() > 1:
+        raise ValueError("predictions must be probabilities in [0, 1]")
+    rng = np.random.default_rng(seed)
+    index = _bin_index(predictions, bins)
+    predicted_sum = np.bincount(index, weights=predictions, minlength=bins)
+    total = 0.0
+    for _ in range(draws):
+        labels = (rng.random(predictions.size) < predictions).astype(np.float64)
+        total += np.abs(predicted_sum - np.bincount(index, weights=labels, minlength=bins)).sum()
+    return float(total / (draws * predictions.size))
+
+
 def auc(scores, labels) -> float:
     """Exact ROC AUC via ranks (Mann–Whitney U, ties counted half). NaN when one class is absent."""
     scores, labels = _checked_pair(scores, labels, check_range=False)
@@ -254,24 +276,30 @@ def fit_calibration(conf_logits, accepted_prefix_len, num_proposed=None, offsets
 
 
 def split_half_ece(conf_logits, accepted_prefix_len, num_proposed=None, offsets: bool = True, grid=None,
-                   offset_grid=None, bins: int = DEFAULT_BINS) -> np.ndarray:
+                   offset_grid=None, bins: int = DEFAULT_BINS, return_noise_floor: bool = False):
     """Out-of-sample ECE per position [γ]: fit on the first half of the rounds and score on the second, then the
     other way round, and average the two (weighted by rounds). Why: the in-sample ECE of a fit with two
     parameters per position on a few thousand rounds flatters it; this is what a new prompt set would see.
-    Rounds are split in recorded order, so the halves hold (almost) disjoint prompts."""
+    Rounds are split in recorded order, so the halves hold (almost) disjoint prompts.
+
+    ``return_noise_floor=True`` returns ``(ece, floor)``: ``floor`` is the same average of
+    :func:`ece_noise_floor` on the scored halves, the part of the out-of-sample ECE that is sampling noise."""
     logits, accepted, proposed = _checked_rounds(conf_logits, accepted_prefix_len, num_proposed)
     half = logits.shape[0] // 2
     if half == 0:
         raise ValueError("split-half ECE needs at least two rounds")
-    total, weight = np.zeros(logits.shape[1]), np.zeros(logits.shape[1])
+    total, floor, weight = np.zeros(logits.shape[1]), np.zeros(logits.shape[1]), np.zeros(logits.shape[1])
     for fit, score in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
         temps, shifts = fit_calibration(logits[fit], accepted[fit], proposed[fit], offsets, grid, offset_grid, bins)
-        for row in calibration_report(logits[score], accepted[score], proposed[score], temps, bins, offsets=shifts):
+        for row in calibration_report(logits[score], accepted[score], proposed[score], temps, bins, offsets=shifts,
+                                      noise_floor_draws=200 if return_noise_floor else 0):
             if row.num_rounds:
                 total[row.position - 1] += row.ece_after * row.num_rounds
+                floor[row.position - 1] += row.ece_noise_floor * row.num_rounds
                 weight[row.position - 1] += row.num_rounds
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(weight > 0, total / weight, np.nan)
+        ece = np.where(weight > 0, total / weight, np.nan)
+        return (ece, np.where(weight > 0, floor / weight, np.nan)) if return_noise_floor else ece
 
 
 def _ece_at(prefix, logits, labels, temperature, bins) -> float:
@@ -317,15 +345,17 @@ class PositionCalibration:
     curve_before: ReliabilityCurve
     curve_after: ReliabilityCurve
     offset: float = 0.0
+    ece_noise_floor: float = float("nan")  # ECE a perfectly calibrated head would show on these rounds (after STS)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def calibration_report(conf_logits, accepted_prefix_len, num_proposed=None, temperatures=None,
-                       bins: int = DEFAULT_BINS, offsets=None) -> list[PositionCalibration]:
+                       bins: int = DEFAULT_BINS, offsets=None, noise_floor_draws: int = 200) -> list[PositionCalibration]:
     """Per position: ECE and AUC of a_k before (T = 1, b = 0) and after ``temperatures`` / ``offsets``
-    (temperatures fitted here when None; offsets default to 0)."""
+    (temperatures fitted here when None; offsets default to 0), and the ECE noise floor of the calibrated
+    confidences (:func:`ece_noise_floor`; ``noise_floor_draws=0`` skips it)."""
     logits, accepted, proposed = _checked_rounds(conf_logits, accepted_prefix_len, num_proposed)
     if temperatures is None:
         temperatures = fit_sts(logits, accepted, proposed, bins=bins)
@@ -347,7 +377,9 @@ def calibration_report(conf_logits, accepted_prefix_len, num_proposed=None, temp
             ece_before=expected_calibration_error(p0, y, bins), ece_after=expected_calibration_error(p1, y, bins),
             auc_before=auc(p0, y), auc_after=auc(p1, y), temperature=float(temperatures[k]),
             curve_before=reliability_curve(p0, y, bins), curve_after=reliability_curve(p1, y, bins),
-            offset=float(offsets[k]) if offsets is not None else 0.0))
+            offset=float(offsets[k]) if offsets is not None else 0.0,
+            ece_noise_floor=(ece_noise_floor(p1, bins, noise_floor_draws, seed=k)
+                             if noise_floor_draws and y.size else float("nan"))))
     return report
 
 
@@ -362,6 +394,7 @@ __all__ = [
     "cumulative_confidence",
     "default_offset_grid",
     "default_temperature_grid",
+    "ece_noise_floor",
     "expected_calibration_error",
     "fit_calibration",
     "fit_sts",

@@ -79,6 +79,8 @@ def test_saved_offsets_are_reloaded_and_applied(setup, tmp_path):
     # out of sample (split halves) the offsets still beat temperatures alone at position 1
     assert run.split_half_ece[0] < temps_only.split_half_ece[0]
     assert data["split_half_ece"] == pytest.approx(run.split_half_ece)
+    assert data["split_half_noise_floor"] == pytest.approx(run.split_half_noise_floor)
+    assert "Noise floor" in (tmp_path / "calibrated" / "calibration.md").read_text()
 
 
 def test_calibrate_end_to_end_on_a_tiny_target(setup, tmp_path):

@@ -65,11 +65,13 @@ def test_body_has_architecture_training_tau_calibration_and_usage(qwen3_draft):
 def test_card_shows_the_split_half_ece_of_a_calibration_file(qwen3_draft, tmp_path):
     positions = [{"position": k, "ece_before": 0.1, "ece_after": 0.01, "auc_after": 0.8} for k in range(1, 6)]
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps({"positions": positions, "split_half_ece": [0.03, 0.02, 0.01, 0.005, 0.0]}))
+    path.write_text(json.dumps({"positions": positions, "split_half_ece": [0.03, 0.02, 0.01, 0.005, 0.0],
+                                "split_half_noise_floor": [0.02, 0.01, 0.01, 0.0, 0.0]}))
     rows = read_calibration(path)
     assert [row["ece_split_half"] for row in rows] == [0.03, 0.02, 0.01, 0.005, 0.0]
     text = str(render_model_card(qwen3_draft, DraftCardInfo(calibration=rows)))
     assert "| ECE after STS (out-of-sample, split halves) | 3.00% | 2.00% | 1.00% | 0.50% | 0.00% |" in text
+    assert "(noise floor) | 2.00% | 1.00% | 1.00% | 0.00% | 0.00% |" in text
 
 
 def test_card_shows_offsets_when_calibrated_with_them(qwen3_draft):

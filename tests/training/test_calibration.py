@@ -13,11 +13,13 @@ from hf_dspark.training.calibration import (
     calibration_report,
     cumulative_confidence,
     default_temperature_grid,
+    ece_noise_floor,
     expected_calibration_error,
     fit_sts,
     fit_sts_with_offsets,
     prefix_labels,
     reliability_curve,
+    split_half_ece,
 )
 
 
@@ -186,3 +188,38 @@ def test_positions_with_too_few_events_keep_the_identity():
     assert temps[2] == 1.0 and offsets[2] == 0.0
     assert fit_sts(logits, accepted, proposed)[2] == 1.0
     assert temps[0] != 1.0  # the well-populated positions are still fitted
+
+
+def test_ece_noise_floor_matches_binomial_noise_and_separates_miscalibration():
+    # certain predictions: labels drawn from them equal them, so a perfect head scores exactly 0
+    assert ece_noise_floor([0.0, 1.0, 1.0, 0.0]) == 0.0
+    assert np.isnan(ece_noise_floor([]))
+    with pytest.raises(ValueError):
+        ece_noise_floor([1.5])
+    # one bin at p = 0.5, n rounds: E|mean(y) - p| = sqrt(2 / pi) * sqrt(p (1 - p) / n)
+    n = 4000
+    expected = np.sqrt(2 / np.pi) * np.sqrt(0.25 / n)
+    assert ece_noise_floor(np.full(n, 0.5), draws=400) == pytest.approx(expected, rel=0.1)
+    assert ece_noise_floor(np.full(n, 0.5), seed=3) == ece_noise_floor(np.full(n, 0.5), seed=3)  # deterministic
+    # a calibrated head's measured ECE sits at the floor; a shifted one sits far above it
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.05, 0.6, 3000)
+    y = (rng.random(p.size) < p).astype(float)
+    floor = ece_noise_floor(p)
+    assert expected_calibration_error(p, y) < 2.5 * floor
+    assert expected_calibration_error(np.clip(p + 0.1, 0, 1), y) > 4 * floor
+
+
+def test_split_half_noise_floor_and_report_field():
+    rng = np.random.default_rng(1)
+    u = rng.normal(0.0, 1.5, size=(2000, 3))
+    accepted_each = rng.random(u.shape) < 1 / (1 + np.exp(-u))  # a calibrated head: z = u
+    prefix = np.cumprod(accepted_each, axis=1).sum(1)
+    ece, floor = split_half_ece(u, prefix, offsets=False, return_noise_floor=True)
+    assert ece.shape == floor.shape == (3,)
+    assert np.all(floor > 0) and np.all(ece < floor + 0.03)
+    assert split_half_ece(u, prefix, offsets=False) == pytest.approx(ece)  # the old return value is unchanged
+    report = calibration_report(u, prefix, temperatures=[1.0, 1.0, 1.0])
+    assert all(np.isfinite(r.ece_noise_floor) and r.ece_noise_floor > 0 for r in report)
+    skipped = calibration_report(u, prefix, temperatures=[1.0, 1.0, 1.0], noise_floor_draws=0)
+    assert all(np.isnan(r.ece_noise_floor) for r in skipped)
