@@ -1,6 +1,7 @@
 """The engine's running batch: every decoding request as one row of a single ragged target cache.
 
-Rows join after a prefill of their own (their cache is stacked onto the batch, left-padded with holes), leave
+Rows join after their prefill (alone, or together with short prompts admitted in the same step; their cache is
+stacked onto the batch, left-padded with holes), leave
 when they finish (``batch_select_indices``), and after each verify round keep only the slots of committed
 tokens (the rest become holes, see ``generation/ragged_batch.py``). Holes cost attention compute and memory,
 so the batch compacts itself when they pile up or when the next round would not fit its slot budget.
@@ -25,14 +26,16 @@ from .requests import Request
 
 
 @dataclass
-class JoiningRow:
-    """A request whose prompt is fully prefilled: its own cache, ready to be stacked onto the batch."""
+class JoiningRows:
+    """Requests whose prompts are fully prefilled, ready to be stacked onto the batch: one request with its own
+    cache, or several prefilled together in one left-padded forward (the padding slots are holes in ``mask``)."""
 
-    request: Request
-    cache: DynamicCache
+    requests: list[Request]
+    cache: DynamicCache  # [k, H, S, hd] per layer
+    mask: torch.Tensor  # [k, S] 1 = a prompt token's K/V, 0 = left padding
     draft_cache: DraftCache | None
-    anchor: int  # the first generated token (not yet in any cache)
-    anchor_position: int  # = prompt length
+    anchors: list[int]  # each request's first generated token (not yet in any cache)
+    anchor_positions: list[int]  # = prompt lengths
 
 
 class RunningBatch:
@@ -67,23 +70,26 @@ class RunningBatch:
     def num_slots(self) -> int:
         return self.mask.shape[1]
 
-    def join(self, rows: list[JoiningRow]) -> None:
+    def join(self, groups: list[JoiningRows]) -> None:
         """Stack freshly prefilled requests onto the batch (one copy of the cache for all of them)."""
-        if not rows:
+        if not groups:
             return
         if self._pending:
             raise RuntimeError("flush_context() before join(): deferred drafter context has no rows for new requests")
+        groups = [group for group in groups if group.requests]  # every request of a group may have finished
+        if not groups:
+            return
         parts = [] if self.cache is None else [(self.cache, self.mask)]
-        for row in rows:
-            length = row.cache.get_seq_length()
-            parts.append((row.cache, torch.ones(1, length, dtype=torch.long, device=self.device)))
+        parts += [(group.cache, group.mask) for group in groups]
         self.cache, self.mask = stack_rows(parts, self.config) if len(parts) > 1 else parts[0]
-        drafts = [row.draft_cache for row in rows]
+        drafts = [group.draft_cache for group in groups]
         if all(d is not None for d in drafts):
             self.draft_cache = stack_draft_rows(([self.draft_cache] if self.draft_cache is not None else []) + drafts)
-        self.requests.extend(row.request for row in rows)
-        new_anchors = torch.tensor([row.anchor for row in rows], dtype=torch.long, device=self.device)
-        new_positions = torch.tensor([row.anchor_position for row in rows], dtype=torch.long, device=self.device)
+        self.requests.extend(r for group in groups for r in group.requests)
+        new_anchors = torch.tensor([a for group in groups for a in group.anchors], dtype=torch.long,
+                                   device=self.device)
+        new_positions = torch.tensor([p for group in groups for p in group.anchor_positions], dtype=torch.long,
+                                     device=self.device)
         self.anchors = torch.cat([self.anchors, new_anchors])
         self.anchor_positions = torch.cat([self.anchor_positions, new_positions])
 
@@ -152,4 +158,4 @@ class RunningBatch:
         return True
 
 
-__all__ = ["JoiningRow", "RunningBatch"]
+__all__ = ["JoiningRows", "RunningBatch"]

@@ -7,7 +7,8 @@ model forwards, the drafter's ``draft_block`` and the one ``verify`` routine tha
 
 One engine step (paper Algorithm 1 around it):
 
-    admit waiting requests within the slot budget -> prefill them (own cache, chunked) -> stack onto the batch
+    admit waiting requests within the slot budget -> prefill them (short prompts together, long ones chunked)
+      -> stack onto the batch
     draft γ tokens for every running request                      (one batched drafter pass)
     ℓ_r = policy.choose(calibrated confidences c_{r,j}, drafts available, SPS(B))     (load-aware lengths)
     one target forward over [anchor_r, x_{r,1..ℓ_r}] for all rows  (padded to 1 + max ℓ; B = Σ(1 + ℓ_r))
@@ -38,7 +39,7 @@ from ..generation.ragged_batch import cache_kwarg
 from ..generation.verification import PLACEHOLDER_TOKEN_ID, verify
 from ..modeling.modeling import DraftBlock, DraftCache
 from ..modeling.target_taps import TargetFeatureTap
-from .batch import JoiningRow, RunningBatch
+from .batch import JoiningRows, RunningBatch
 from .metrics import EngineMetrics
 from .processing import BatchLogitsProcessor
 from .profiler import SPSProfile, StepCostProfile, profile_step_cost
@@ -442,27 +443,35 @@ class DSparkEngine:
             self._prefilling.append(request)
             admitted = admitted + [request]
 
-    def _prefill(self, tap) -> list[JoiningRow]:
-        """Advance prompts by up to ``max_prefill_tokens`` in total; completed ones get their first token."""
+    def _prefill(self, tap) -> list[JoiningRows]:
+        """Advance prompts by up to ``max_prefill_tokens`` in total; completed ones get their first token.
+
+        Prompts that start and finish within this step's budget run together in one left-padded forward (while
+        the padded size stays within the budget): on a small target a forward's fixed cost is a large part of a
+        short prompt's prefill. Longer prompts are prefilled alone, in chunks across steps."""
         start = time.perf_counter()
-        budget, joining = self.max_prefill_tokens, []
+        budget, joining, together, widest = self.max_prefill_tokens, [], [], 0
         for request in list(self._prefilling):
             if budget <= 0:
                 break
             state = request.prefill
             num_tokens = min(budget, request.num_prompt_tokens - state.num_done)
             budget -= num_tokens
-            logits = self._prefill_chunk(request, state, num_tokens, tap)
-            if state.num_done < request.num_prompt_tokens:
+            whole = state.num_done == 0 and num_tokens == request.num_prompt_tokens
+            if whole and (len(together) + 1) * max(widest, num_tokens) <= self.max_prefill_tokens:
+                together.append(request)
+                widest = max(widest, num_tokens)
                 continue
-            self._prefilling.remove(request)
-            first = self._first_token(request, logits)
-            self.engine_metrics.generated_tokens += request.commit([first], time.perf_counter())
-            request.prefill = None
-            if request.is_finished:  # max_new_tokens=1 or an EOS first token: it never joins the batch
-                self._on_finished(request)
-            else:
-                joining.append(JoiningRow(request, state.cache, state.draft_cache, first, request.num_prompt_tokens))
+            logits = self._prefill_chunk(request, state, num_tokens, tap)
+            if state.num_done == request.num_prompt_tokens:
+                joining.append(self._finish_prefill([request], state.cache, None, state.draft_cache, logits))
+        if len(together) == 1:  # alone: no padding, no mask
+            request = together[0]
+            logits = self._prefill_chunk(request, request.prefill, request.num_prompt_tokens, tap)
+            joining.append(self._finish_prefill(together, request.prefill.cache, None, request.prefill.draft_cache,
+                                                logits))
+        elif together:
+            joining.append(self._prefill_together(together, tap))
         self.engine_metrics.prefill_seconds += time.perf_counter() - start
         return joining
 
@@ -477,7 +486,52 @@ class DSparkEngine:
             state.draft_cache = self.draft.extend_context(state.draft_cache, tap.features(), positions)
         state.num_done += num_tokens
         self.engine_metrics.prefill_tokens += num_tokens
+        self.engine_metrics.prefill_forwards += 1
         return out.logits[:, -1].float()
+
+    def _prefill_together(self, requests: list[Request], tap) -> JoiningRows:
+        """Whole prompts of several requests in one forward, left-padded (as batched ``generate`` prefills)."""
+        width = max(r.num_prompt_tokens for r in requests)
+        ids = torch.zeros(len(requests), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(ids)
+        for row, request in enumerate(requests):
+            ids[row, width - request.num_prompt_tokens:] = torch.tensor(request.prompt_ids, device=self.device)
+            mask[row, width - request.num_prompt_tokens:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.target.config)
+        out = self.target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=1, **{self._cache_name: cache})
+        draft_cache = (self.draft.extend_context(DraftCache(), tap.features(), positions, mask.bool())
+                       if self.draft_width else None)
+        for request in requests:
+            request.prefill.num_done = request.num_prompt_tokens
+        self.engine_metrics.prefill_tokens += int(mask.sum())
+        self.engine_metrics.prefill_forwards += 1
+        return self._finish_prefill(requests, cache, mask, draft_cache, out.logits[:, -1].float())
+
+    def _finish_prefill(self, requests: list[Request], cache: DynamicCache, mask: torch.Tensor | None,
+                        draft_cache: DraftCache | None, logits: torch.Tensor) -> JoiningRows:
+        """First token of each prefilled request; those that already finished (max_new_tokens = 1 or an EOS first
+        token) never join the batch, the others are returned ready to be stacked onto it."""
+        now = time.perf_counter()
+        keep = []
+        for row, request in enumerate(requests):
+            self._prefilling.remove(request)
+            request.prefill = None
+            first = self._first_token(request, logits[row:row + 1])
+            self.engine_metrics.generated_tokens += request.commit([first], now)
+            if request.is_finished:
+                self._on_finished(request)
+            else:
+                keep.append((row, request, first))
+        mask = torch.ones(1, cache.get_seq_length(), dtype=torch.long, device=self.device) if mask is None else mask
+        if len(keep) < len(requests) and keep:
+            index = torch.tensor([row for row, _, _ in keep], dtype=torch.long, device=self.device)
+            cache.batch_select_indices(index)
+            mask = mask[index]
+            draft_cache = draft_cache.select_rows(index) if draft_cache is not None else None
+        return JoiningRows([r for _, r, _ in keep], cache, mask, draft_cache, [f for _, _, f in keep],
+                           [r.num_prompt_tokens for _, r, _ in keep])
 
     def _first_token(self, request: Request, logits: torch.Tensor) -> int:
         """The prompt's next token, exactly as plain ``generate`` picks it (processors, request's generator)."""

@@ -36,6 +36,7 @@ class EngineMetrics:
     verify_seconds: float = 0.0
     generated_tokens: int = 0
     prefill_tokens: int = 0
+    prefill_forwards: int = 0  # target forwards spent on prompts (short prompts admitted together share one)
     verify_tokens: int = 0  # Σ_steps B = Σ_r (1 + ℓ_r)
     padded_verify_tokens: int = 0  # Σ_steps R · W (what the padded forward actually computed)
     verified_drafts: int = 0  # Σ ℓ_r
@@ -87,6 +88,7 @@ class EngineMetrics:
             "wasted_verify_tokens": self.wasted_verify_tokens,
             "padding_tokens": self.padded_verify_tokens - self.verify_tokens,
             "prefill_tokens": self.prefill_tokens,
+            "prefill_forwards": self.prefill_forwards,
             "prefill_s": self.prefill_seconds,
             "draft_s": self.draft_seconds,
             "verify_s": self.verify_seconds,

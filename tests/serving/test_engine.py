@@ -13,9 +13,13 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 from scipy import stats
+from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 
 from hf_dspark import DSparkDraftModel
+from hf_dspark.generation.ragged_batch import cache_kwarg
+from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.modeling.target_taps import TargetFeatureTap
 from hf_dspark.serving import SPSProfile, StepCostProfile
 from hf_dspark.serving.engine import DSparkEngine
 from hf_dspark.serving.requests import (
@@ -147,6 +151,58 @@ def test_requests_join_between_steps(target, draft, prompts, continuations, monk
         pass
     for i, (handle, prompt) in enumerate(zip(handles, prompts)):
         assert handle.result().token_ids == continuations[tuple(prompt)][:6 + 2 * i]
+
+
+@torch.no_grad()
+def test_short_prompts_admitted_together_share_one_prefill_forward(target, draft, prompts):
+    """The left-padded group prefill leaves each request exactly the state a prefill of its own would: the same
+    first token, the same target K/V on its prompt slots and the same drafter context (what it drafts from)."""
+    engine = make_engine(target, draft, "fixed", max_prefill_tokens=256)
+    group_prompts = prompts[:4]
+    assert len({len(p) for p in group_prompts}) > 1  # ragged: the group really is left-padded
+    for prompt in group_prompts:
+        engine.submit(prompt, max_new_tokens=8)
+    engine._take_incoming()
+    with engine._feature_tap() as tap:
+        engine._admit()
+        joining = engine._prefill(tap)
+    assert engine.engine_metrics.prefill_forwards == 1 and len(joining) == 1
+    group = joining[0]
+    assert [r.prompt_ids for r in group.requests] == group_prompts
+    anchors_at = torch.tensor(group.anchor_positions)
+    grouped_block = draft.forward_block(group.draft_cache, torch.tensor(group.anchors), anchors_at)
+    for row, prompt in enumerate(group_prompts):
+        cache = DynamicCache(config=target.config)
+        with TargetFeatureTap(target, draft.config.target_layer_ids) as own_tap:
+            out = target(input_ids=torch.tensor([prompt]), use_cache=True, **{cache_kwarg(target): cache})
+            own_context = draft.extend_context(DraftCache(), own_tap.features(), torch.arange(len(prompt))[None])
+        first = int(out.logits[0, -1].argmax())
+        assert group.anchors[row] == first and group.anchor_positions[row] == len(prompt)
+        slots = group.mask[row].bool()
+        assert int(slots.sum()) == len(prompt)
+        for grouped_layer, own_layer in zip(group.cache.layers, cache.layers):
+            torch.testing.assert_close(grouped_layer.keys[row][:, slots], own_layer.keys[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(grouped_layer.values[row][:, slots], own_layer.values[0], rtol=1e-5,
+                                       atol=1e-5)
+        own_block = draft.forward_block(own_context, torch.tensor([first]), torch.tensor([len(prompt)]))
+        torch.testing.assert_close(grouped_block[row:row + 1], own_block, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_prefill_tokens", [8, 40, 1024])
+def test_grouped_prefill_outputs_and_first_token_finishes(target, draft, prompts, continuations, monkeypatch,
+                                                          max_prefill_tokens):
+    """Grouped, partly grouped (padded size over the budget) and chunked prefills give plain greedy's output,
+    including requests that end at their first token inside a group (max_new_tokens = 1)."""
+    monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, continuations))
+    engine = make_engine(target, draft, "scheduled", max_prefill_tokens=max_prefill_tokens)
+    lengths = [1 if i % 3 == 0 else 12 for i in range(len(prompts))]
+    handles = [engine.submit(prompt, n) for prompt, n in zip(prompts, lengths)]
+    while engine.step():
+        pass
+    for handle, prompt, n in zip(handles, prompts, lengths):
+        assert handle.result().token_ids == continuations[tuple(prompt)][:n]
+    if max_prefill_tokens == 1024:
+        assert engine.engine_metrics.prefill_forwards == 1
 
 
 def test_submissions_from_other_threads_during_steps(target, draft, prompts, continuations, monkeypatch):
