@@ -55,7 +55,8 @@ class CalibrationRun:
 
     def to_markdown(self) -> str:
         form = "σ(z_i/T_i + b_i)" if self.offsets is not None else "σ(z_i/T_i)"
-        head = (f"STS calibration on {len(self.trace)} held-out rounds ({self.num_prompts} prompts, serving "
+        source = f"{self.num_prompts} prompts" if self.num_prompts is not None else "refitted from recorded rounds"
+        head = (f"STS calibration on {len(self.trace)} held-out rounds ({source}, serving "
                 f"T={self.serving_temperature}); ECE/AUC of the joint survival a_k = Π {form} per position "
                 "(in-sample: fitted and scored on the same rounds).")
         label = "held-out" if self.serving_temperature is None else f"T={self.serving_temperature:g}"
