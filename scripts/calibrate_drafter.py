@@ -4,8 +4,10 @@ Runs the drafter at the serving temperature on prompts the trainer did not see (
 --num-prompts records of the regenerated training data; build the target cache from the leading records only,
 e.g. ``build_target_cache.py --limit``), refuses any prompt that overlaps the evaluation sets, fits one
 temperature and offset per position (--temperatures-only: the paper's STS without offsets), and writes to
---out: the calibrated drafter (config ``confidence_temperatures`` / ``confidence_offsets``),
-calibration.md / .json (ECE and AUC per position before/after), reliability.png and the raw rounds.
+--out: the calibrated drafter (config ``confidence_temperatures`` / ``confidence_offsets``; at --temperature 0
+the greedy fit ``greedy_confidence_temperatures`` / ``greedy_confidence_offsets``, keeping the sampling fit, so
+calibrating twice gives a drafter calibrated for both), calibration.md / .json (ECE and AUC per position
+before/after), reliability.png and the raw rounds.
 
     python scripts/calibrate_drafter.py --drafter runs/dspark/drafter --out runs/dspark/calibrated
     python scripts/calibrate_drafter.py --drafter runs/x/drafter --out runs/x/cal --prompts heldout.jsonl \\

@@ -6,12 +6,13 @@
 2. fit one temperature per position with STS (``training.calibration.fit_sts``, paper §3.2.1), by default
    together with a per-position offset (``fit_sts_with_offsets``: temperatures alone cannot move a head whose
    logits sit on one side of 0, see ``training.calibration``);
-3. save the drafter with ``confidence_temperatures`` (and ``confidence_offsets``) in its config, plus ECE / AUC
-   per position before and after (markdown, JSON, reliability PNG) and the raw rounds.
+3. save the drafter with ``confidence_temperatures`` (and ``confidence_offsets``) in its config — the
+   ``greedy_`` ones for a fit at T = 0 — plus ECE / AUC per position before and after (markdown, JSON,
+   reliability PNG) and the raw rounds.
 
 The math lives in ``training/calibration.py``; this module only gathers the data and writes the results.
 Temperatures are fitted for one serving temperature (the acceptance process differs between greedy and
-sampling); calibrate at the temperature you serve with.
+sampling); calibrate at the temperature you serve with. A drafter holds one greedy fit and one sampling fit.
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, te
 
     ``prompts`` are checked against the evaluation prompts in ``eval_dir`` (default: the shared eval folder)
     and refused on overlap. The drafter is not modified: pass the result to :func:`save_calibrated`, or set
-    ``drafter.config.confidence_temperatures = run.temperatures`` (and ``confidence_offsets = run.offsets``) to
-    use it in memory. ``offsets=False`` fits the paper's temperatures only."""
+    ``drafter.config.confidence_temperatures = run.temperatures`` (and ``confidence_offsets = run.offsets``;
+    the ``greedy_`` fields for ``temperature=0``) to use it in memory. ``offsets=False`` fits the paper's
+    temperatures only."""
     if drafter.confidence_head is None:
         raise ValueError("this drafter has no confidence head, so there is nothing to calibrate "
                          "(DFlash-style drafters verify every draft)")
@@ -141,19 +143,26 @@ def calibrate(target, tokenizer, drafter, prompts: Sequence[Prompt | str], *, te
 
 
 def save_calibrated(drafter, run: CalibrationRun, out_dir: str | os.PathLike, plots: bool = True) -> dict[str, str]:
-    """Save the drafter with ``confidence_temperatures = run.temperatures`` and ``confidence_offsets = run.offsets``
-    to ``out_dir`` (the passed drafter is left as it was), plus calibration.md / .json, rounds.npz and
-    reliability.png."""
+    """Save the drafter with the fit in its config to ``out_dir`` (the passed drafter is left as it was), plus
+    calibration.md / .json, rounds.npz and reliability.png.
+
+    A fit on greedy rounds (serving temperature 0) goes to ``greedy_confidence_temperatures`` / ``_offsets`` and
+    one on sampled rounds to ``confidence_temperatures`` / ``_offsets``; the other mode's fit is kept, so a
+    drafter calibrated twice (T = 0 and the sampling temperature) is calibrated for both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = drafter.config
-    saved = config.confidence_temperatures, config.confidence_offsets
-    config.confidence_temperatures = list(run.temperatures)
-    config.confidence_offsets = list(run.offsets) if run.offsets is not None else None
+    greedy = run.serving_temperature == 0
+    names = (("greedy_confidence_temperatures", "greedy_confidence_offsets") if greedy
+             else ("confidence_temperatures", "confidence_offsets"))
+    saved = tuple(getattr(config, name, None) for name in names)
+    setattr(config, names[0], list(run.temperatures))
+    setattr(config, names[1], list(run.offsets) if run.offsets is not None else None)
     try:
         drafter.save_pretrained(out)
     finally:
-        config.confidence_temperatures, config.confidence_offsets = saved
+        for name, value in zip(names, saved):
+            setattr(config, name, value)
     written = {"drafter": out, "markdown": out / "calibration.md", "json": out / "calibration.json"}
     written["markdown"].write_text(run.to_markdown(), encoding="utf-8")
     written["json"].write_text(json.dumps(to_json_safe(run.to_dict()), indent=2), encoding="utf-8")

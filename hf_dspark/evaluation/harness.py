@@ -292,7 +292,11 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
                 "target": getattr(target.config, "_name_or_path", ""), "dtype": str(target.dtype),
                 "num_prompts": {b.name: len(b.prompts) for b in selected},
                 "confidence_temperatures": {n: d.config.confidence_temperatures for n, d in named.items()},
-                "confidence_offsets": {n: d.config.confidence_offsets for n, d in named.items()}}
+                "confidence_offsets": {n: d.config.confidence_offsets for n, d in named.items()},
+                "greedy_confidence_temperatures": {n: getattr(d.config, "greedy_confidence_temperatures", None)
+                                                   for n, d in named.items()},
+                "greedy_confidence_offsets": {n: getattr(d.config, "greedy_confidence_offsets", None)
+                                              for n, d in named.items()}}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     encoded = {b.name: [encode_chat_prompt(tokenizer, p) for p in b.prompts] for b in selected}
     result = EvalResult(settings=settings, drafters=list(named), results=[])
@@ -313,7 +317,7 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
             for name, d in named.items():
                 trace = recorders[name].trace()
                 result.traces[(name, float(temperature))] = trace
-                report = calibration_of(trace, d.config.confidence_temperatures, d.config.confidence_offsets)
+                report = calibration_of(trace, *d.config.calibration_for(greedy=float(temperature) == 0.0))
                 if report is not None:
                     result.calibration[(name, float(temperature))] = report
     return result
@@ -357,7 +361,7 @@ def _run_benchmark(target, named, recorders, encoded, name, gen_kwargs, *, seed,
 
 def _benchmark_result(name: str, drafter, bench: Benchmark, temperature: float, trace: RoundTrace,
                       timings: Mapping[str, _Throughput], thresholds: Sequence[float]) -> BenchmarkResult:
-    temps, offsets = drafter.config.confidence_temperatures, drafter.config.confidence_offsets
+    temps, offsets = drafter.config.calibration_for(greedy=float(temperature) == 0.0)
     plain = timings[""]
     stats = trace.stats().to_dict()
     timed = timings[name].stats

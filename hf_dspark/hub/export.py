@@ -140,6 +140,8 @@ def _hf_dspark_block(config: DSparkConfig) -> dict:
             "target_embedding_signature": config.target_embedding_signature,
             "confidence_temperatures": config.confidence_temperatures,
             "confidence_offsets": config.confidence_offsets,
+            "greedy_confidence_temperatures": getattr(config, "greedy_confidence_temperatures", None),
+            "greedy_confidence_offsets": getattr(config, "greedy_confidence_offsets", None),
             "confidence_threshold": config.confidence_threshold, "sequential_top_k": config.sequential_top_k}
 
 

@@ -207,7 +207,10 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
     config = draft.config
     temperatures = config.confidence_temperatures
     offsets = config.confidence_offsets if config.confidence_offsets and any(config.confidence_offsets) else None
-    calibrated = offsets is not None or bool(temperatures and any(t != 1.0 for t in temperatures))
+    greedy_temperatures = getattr(config, "greedy_confidence_temperatures", None)
+    greedy_offsets = getattr(config, "greedy_confidence_offsets", None)
+    calibrated = (offsets is not None or bool(temperatures and any(t != 1.0 for t in temperatures))
+                  or greedy_temperatures is not None)
     columns, rows = _tau_table(info.evaluation)
     head = config.sequential_head
     return {
@@ -230,6 +233,8 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "tau_columns": columns, "tau_rows": rows,
         "temperatures": (temperatures or [1.0] * config.block_size) if calibrated else None,
         "offsets": offsets,
+        "greedy_temperatures": greedy_temperatures,
+        "greedy_offsets": greedy_offsets if greedy_offsets and any(greedy_offsets) else None,
         "calibration_rows": _calibration_rows(info.calibration), "confidence_threshold": config.confidence_threshold,
         "speculators_exportable": not speculators_export_problems(config),
         "speculators_note": _speculators_note(config),

@@ -56,6 +56,12 @@ class DSparkConfig(PretrainedConfig):
         confidence_temperatures (`list[float]`, defaults to `None`): per-position STS temperatures; `None` = 1.
         confidence_offsets (`list[float]`, defaults to `None`): per-position offsets b_k added after the
             temperature, c_k = σ(z_k / T_k + b_k) (our STS extension, see `training.calibration`); `None` = 0.
+        greedy_confidence_temperatures (`list[float]`, defaults to `None`): STS temperatures fitted on *greedy*
+            rounds, used when decoding greedily; `None` = use `confidence_temperatures` (and offsets) there too.
+            Why separate: greedy matching accepts more drafts than rejection sampling at T = 1, so one fit cannot
+            be calibrated for both (SmolLM2's shipped drafter: position-1 acceptance 27 % at T = 1, ~37 % greedy).
+            `confidence_temperatures` / `confidence_offsets` are then the sampling fit.
+        greedy_confidence_offsets (`list[float]`, defaults to `None`): offsets of the greedy fit.
         confidence_threshold (`float`, defaults to 0.0): static threshold: drafts stop at the first slot whose
             calibrated confidence is below it (0 = always draft the whole block).
         sequential_top_k (`int`, defaults to 64): at inference the sequential bias B_k is evaluated only on the
@@ -89,6 +95,8 @@ class DSparkConfig(PretrainedConfig):
         use_confidence_head: bool = True,
         confidence_temperatures: list[float] | None = None,
         confidence_offsets: list[float] | None = None,
+        greedy_confidence_temperatures: list[float] | None = None,
+        greedy_confidence_offsets: list[float] | None = None,
         confidence_threshold: float = 0.0,
         sequential_top_k: int = 64,
         draft_vocab_size: int | None = None,
@@ -117,6 +125,9 @@ class DSparkConfig(PretrainedConfig):
         self.use_confidence_head = use_confidence_head
         self.confidence_temperatures = list(confidence_temperatures) if confidence_temperatures else None
         self.confidence_offsets = list(confidence_offsets) if confidence_offsets else None
+        self.greedy_confidence_temperatures = (list(greedy_confidence_temperatures) if greedy_confidence_temperatures
+                                               else None)
+        self.greedy_confidence_offsets = list(greedy_confidence_offsets) if greedy_confidence_offsets else None
         self.confidence_threshold = confidence_threshold
         self.sequential_top_k = sequential_top_k
         self.draft_vocab_size = draft_vocab_size
@@ -167,12 +178,14 @@ class DSparkConfig(PretrainedConfig):
         vocab = self.target_config.get("vocab_size")
         if vocab is not None and self.mask_token_id is not None and not 0 <= self.mask_token_id < vocab:
             raise ValueError(f"mask_token_id={self.mask_token_id} is outside the target vocabulary (size {vocab}).")
-        if self.confidence_temperatures is not None and len(self.confidence_temperatures) != self.block_size:
-            raise ValueError(f"confidence_temperatures has {len(self.confidence_temperatures)} entries; "
-                             f"it needs one per draft position (block_size={self.block_size}).")
-        if self.confidence_offsets is not None and len(self.confidence_offsets) != self.block_size:
-            raise ValueError(f"confidence_offsets has {len(self.confidence_offsets)} entries; "
-                             f"it needs one per draft position (block_size={self.block_size}).")
+        for name in ("confidence_temperatures", "confidence_offsets", "greedy_confidence_temperatures",
+                     "greedy_confidence_offsets"):
+            values = getattr(self, name, None)
+            if values is not None and len(values) != self.block_size:
+                raise ValueError(f"{name} has {len(values)} entries; it needs one per draft position "
+                                 f"(block_size={self.block_size}).")
+        if self.greedy_confidence_offsets is not None and self.greedy_confidence_temperatures is None:
+            raise ValueError("greedy_confidence_offsets needs greedy_confidence_temperatures (a greedy fit is the pair).")
         if self.draft_vocab_size is not None and not (
                 1 <= self.draft_vocab_size <= (vocab if vocab is not None else self.draft_vocab_size)):
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={vocab}].")
@@ -180,6 +193,13 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
 
     # -- derived ------------------------------------------------------------------------------------------
+    def calibration_for(self, greedy: bool) -> tuple[list[float] | None, list[float] | None]:
+        """(temperatures, offsets) for greedy or sampled decoding: the greedy fit when there is one for greedy
+        decoding, else the general one (None entries mean T = 1 / b = 0)."""
+        if greedy and getattr(self, "greedy_confidence_temperatures", None) is not None:
+            return self.greedy_confidence_temperatures, self.greedy_confidence_offsets
+        return self.confidence_temperatures, self.confidence_offsets
+
     @property
     def num_draft_tokens(self) -> int:
         """Rows of the drafter's output distribution (the draft vocabulary)."""

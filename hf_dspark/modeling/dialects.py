@@ -443,7 +443,8 @@ def _speculators_config(raw: dict, target) -> DSparkConfig:
 
 # Settings speculators has no field for, stored by hf_dspark.hub.export under "hf_dspark" (vLLM ignores the block).
 _HF_DSPARK_FIELDS = ("num_target_layers", "target_embedding_signature", "confidence_temperatures",
-                     "confidence_offsets", "confidence_threshold", "sequential_top_k")
+                     "confidence_offsets", "greedy_confidence_temperatures", "greedy_confidence_offsets",
+                     "confidence_threshold", "sequential_top_k")
 
 
 def _hf_dspark_fields(raw: dict) -> dict:

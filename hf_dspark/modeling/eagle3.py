@@ -164,9 +164,10 @@ class Eagle3DraftModel(DSparkDraftModel):
     def draft_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
                     num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
                     prefix_ids: torch.Tensor | None = None, generator=None,
-                    confidence_threshold: float | None = None) -> DraftBlock:
+                    confidence_threshold: float | None = None, greedy_rows: torch.Tensor | None = None) -> DraftBlock:
         """Draft up to γ tokens autoregressively (one single-token layer pass each); same contract as
-        :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold`` is ignored: there is no confidence head."""
+        :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold`` and ``greedy_rows`` are ignored: there is
+        no confidence head."""
         if cache.tail is None or not bool((cache.tail_positions == anchor_positions - 1).all()):
             raise ValueError("Eagle3 drafter context is out of step: its last committed entry must be the position "
                              "just before each anchor (extend_context with next_ids after every round).")

@@ -499,11 +499,19 @@ class DSparkDraftModel(PreTrainedModel):
     # ---------------------------------------------------------------------------------------------------
     # Sequential sampling: the drafting primitive shared by generate, the engine, training eval and evaluation
     # ---------------------------------------------------------------------------------------------------
-    def confidence_from_logits(self, logits: torch.Tensor, first_position: int = 0) -> torch.Tensor:
+    def confidence_from_logits(self, logits: torch.Tensor, first_position: int = 0,
+                               greedy: bool | torch.Tensor = False) -> torch.Tensor:
         """Calibrated c_k = σ(z_k / T_k + b_k) (T_k, b_k from STS; 1 and 0 when uncalibrated). logits [..., n] hold
-        positions ``first_position`` .. ``first_position + n - 1``."""
+        positions ``first_position`` .. ``first_position + n - 1``. ``greedy`` picks the greedy fit
+        (``DSparkConfig.calibration_for``): a bool for all rows, or a bool tensor over the leading (row) dim."""
+        if isinstance(greedy, torch.Tensor):
+            if bool(greedy.all()) or not bool(greedy.any()):
+                return self.confidence_from_logits(logits, first_position, bool(greedy.all()))
+            rows = greedy.to(logits.device).view(-1, *([1] * (logits.dim() - 1)))
+            return torch.where(rows, self.confidence_from_logits(logits, first_position, True),
+                               self.confidence_from_logits(logits, first_position, False))
         window = slice(first_position, first_position + logits.shape[-1])
-        temps, offsets = self.config.confidence_temperatures, self.config.confidence_offsets
+        temps, offsets = self.config.calibration_for(greedy)
         if temps is not None:
             logits = logits / torch.tensor(temps[window], dtype=logits.dtype, device=logits.device)
         if offsets is not None:
@@ -515,7 +523,8 @@ class DSparkDraftModel(PreTrainedModel):
                     num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
                     prefix_ids: torch.Tensor | None = None,
                     generator: torch.Generator | Sequence[torch.Generator] | None = None,
-                    confidence_threshold: float | None = None) -> DraftBlock:
+                    confidence_threshold: float | None = None,
+                    greedy_rows: torch.Tensor | None = None) -> DraftBlock:
         """Draft one block for every row: the primitive behind generate, the engine and the evaluation.
 
         anchor_ids [B] (last committed token), anchor_positions [B]; the cache must already hold the context
@@ -523,8 +532,11 @@ class DSparkDraftModel(PreTrainedModel):
         warpers when sampling) is applied to slot k's logits with input ids ``prefix_ids + drafts[:k]``, exactly
         as the target's logits are processed at verification, so p and q see the same processors.
         ``generator`` may be a sequence with one generator per row (the serving engine's per-request streams).
+        ``greedy_rows`` [B] bool says which rows decode greedily (their confidences use the greedy calibration);
+        default: every row when ``do_sample`` is False, none otherwise.
         """
         gamma = min(num_tokens or self.config.block_size, self.config.block_size)
+        greedy = (not do_sample) if greedy_rows is None else greedy_rows
         threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
         hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
         head, top_k = self.markov_head, self.config.sequential_top_k
@@ -546,7 +558,7 @@ class DSparkDraftModel(PreTrainedModel):
             if self.confidence_head is not None:
                 conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
             if early_exit:
-                c_k = self.confidence_from_logits(conf_logits[-1][:, None], first_position=k)[:, 0]
+                c_k = self.confidence_from_logits(conf_logits[-1][:, None], first_position=k, greedy=greedy)[:, 0]
                 stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
                 if bool((stop_at <= k).all()):
                     break
@@ -573,7 +585,7 @@ class DSparkDraftModel(PreTrainedModel):
             prev = tokens[:, k]
             drafted = k + 1
         z = torch.stack(conf_logits, dim=1) if conf_logits else None
-        confidence = self.confidence_from_logits(z) if z is not None else None
+        confidence = self.confidence_from_logits(z, greedy=greedy) if z is not None else None
         if base_logits is None:  # early exit: only the drafted slots have base logits
             draft_vocab = self.config.draft_vocab_size or self.config.vocab_size
             base_logits = torch.stack(all_base, 1) if all_base else hidden.new_zeros(bsz, 0, draft_vocab)

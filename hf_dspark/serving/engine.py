@@ -599,7 +599,8 @@ class DSparkEngine:
                                        num_tokens=self.draft_width, do_sample=processor.do_sample,
                                        logits_processor=processor,
                                        generator=processor.generators if processor.do_sample else None,
-                                       confidence_threshold=0.0)  # the policy decides the lengths
+                                       confidence_threshold=0.0,  # the policy decides the lengths
+                                       greedy_rows=torch.tensor(processor.greedy_mask, device=self.device))
         max_lengths = torch.minimum(block.num_drafts, (remaining - 1).clamp(min=0))
         lengths = self.policy.choose(block.confidence, max_lengths, self._sps_view,
                                      step=self.engine_metrics.decode_steps)

@@ -59,6 +59,11 @@ class BatchLogitsProcessor:
         return [row for row, r in enumerate(self.requests) if r.params.do_sample]
 
     @property
+    def greedy_mask(self) -> list[bool]:
+        """Per row: decodes greedily (its confidences use the drafter's greedy calibration)."""
+        return [not r.params.do_sample for r in self.requests]
+
+    @property
     def greedy_rows(self) -> list[int]:
         return [row for row, r in enumerate(self.requests) if not r.params.do_sample]
 

@@ -114,6 +114,8 @@ def test_round_trip_every_tensor_and_draft_equal(target, tmp_path, head):
     draft = make_drafter(target, head=head, sequential_top_k=8, confidence_threshold=0.3)
     draft.config.confidence_temperatures = [0.9, 1.1, 1.3, 1.7, 2.0]
     draft.config.confidence_offsets = [-1.5, -0.5, 0.0, 0.25, 1.0]
+    draft.config.greedy_confidence_temperatures = [1.0, 1.2, 1.4, 1.6, 1.8]
+    draft.config.greedy_confidence_offsets = [0.5, 0.0, -0.5, 0.0, 0.0]
     save_as_speculators(draft, tmp_path, vllm_servable=head == "markov")
     loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
     ours, theirs = draft.state_dict(), loaded.state_dict()
@@ -122,7 +124,7 @@ def test_round_trip_every_tensor_and_draft_equal(target, tmp_path, head):
         assert torch.equal(ours[name], theirs[name]), name
     for key in ("block_size", "target_layer_ids", "mask_token_id", "sequential_head", "markov_rank",
                 "use_confidence_head", "confidence_temperatures", "confidence_offsets", "confidence_threshold",
-                "sequential_top_k",
+                "greedy_confidence_temperatures", "greedy_confidence_offsets", "sequential_top_k",
                 "num_target_layers", "target_embedding_signature", "target_name_or_path"):
         assert getattr(loaded.config, key) == getattr(draft.config, key), key
     expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=draft)

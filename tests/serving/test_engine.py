@@ -492,6 +492,28 @@ def test_mixed_greedy_and_sampled_requests(target, draft, prompts, continuations
             assert len(tokens) == 12 or tokens[-1] == 2
 
 
+def test_each_request_is_scheduled_on_its_own_modes_calibration(target, draft, prompts, monkeypatch):
+    """Greedy rows' confidences use the drafter's greedy fit, sampled rows' the sampling fit (one batch)."""
+    gamma = draft.config.block_size
+    monkeypatch.setattr(draft.config, "greedy_confidence_temperatures", [100.0] * gamma)
+    monkeypatch.setattr(draft.config, "greedy_confidence_offsets", [4.0] * gamma)
+    monkeypatch.setattr(draft.config, "confidence_temperatures", [100.0] * gamma)
+    monkeypatch.setattr(draft.config, "confidence_offsets", [-4.0] * gamma)
+    engine = make_engine(target, draft, "fixed", max_running_requests=10)
+    seen = []
+    choose = engine.policy.choose
+    monkeypatch.setattr(engine.policy, "choose", lambda confidence, *a, **k: seen.append(
+        (confidence.clone(), [not r.params.do_sample for r in engine._batch.requests])) or choose(confidence, *a, **k))
+    for i, prompt in enumerate(prompts[:6]):
+        engine.submit(prompt, 8, do_sample=bool(i % 2), seed=i)
+    while engine.step():
+        pass
+    assert seen and any(len(set(greedy)) == 2 for _, greedy in seen)  # mixed batches were scheduled
+    for confidence, greedy in seen:
+        rows = torch.tensor(greedy)
+        assert bool((confidence[rows] > 0.95).all()) and bool((confidence[~rows] < 0.05).all())
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Stress
 # ------------------------------------------------------------------------------------------------------------
