@@ -51,6 +51,8 @@ def main() -> None:
     p.add_argument("--eval-name", default="DSpark", help="this drafter's name in results.json")
     p.add_argument("--baseline-name", default="DFlash", help="baseline drafter shown next to it in the card")
     p.add_argument("--calibration", default=None, help="calibration.json (default: <drafter>/calibration.json)")
+    p.add_argument("--greedy-calibration", default=None,
+                   help="calibration.json of the greedy fit (calibrate_drafter.py --temperature 0), shown beside it")
     p.add_argument("--repo-id", default=None, help="Hub id the card names")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
@@ -74,6 +76,8 @@ def main() -> None:
     calibration = Path(args.calibration or Path(args.drafter) / "calibration.json")
     if calibration.is_file():
         info.calibration = read_calibration(calibration)
+    if args.greedy_calibration:
+        info.greedy_calibration = read_calibration(args.greedy_calibration)
     out = save_for_hub(draft, args.out, info=info, repo_id=args.repo_id)
     if args.card:
         shutil.copyfile(out / CARD_NAME, args.card)

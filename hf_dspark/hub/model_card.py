@@ -41,12 +41,14 @@ class DraftCardInfo:
 
     ``training``: label -> value, shown as a list (see :func:`summarize_training`).
     ``evaluation``: benchmark -> metrics (``tau`` first; e.g. ``speedup``, ``temperature``), the τ table.
-    ``calibration``: one dict per position as ``calibration_report(...)[k].to_dict()`` writes it.
+    ``calibration``: one dict per position as ``calibration_report(...)[k].to_dict()`` writes it (the sampling
+    fit, or the only one); ``greedy_calibration``: the same for the greedy fit, shown in rows marked "greedy".
     """
 
     training: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, dict[str, Any]] = field(default_factory=dict)
     calibration: list[dict[str, Any]] = field(default_factory=list)
+    greedy_calibration: list[dict[str, Any]] = field(default_factory=list)
     license: str | None = None
     datasets: list[str] = field(default_factory=list)
 
@@ -235,7 +237,9 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "offsets": offsets,
         "greedy_temperatures": greedy_temperatures,
         "greedy_offsets": greedy_offsets if greedy_offsets and any(greedy_offsets) else None,
-        "calibration_rows": _calibration_rows(info.calibration), "confidence_threshold": config.confidence_threshold,
+        "calibration_rows": _calibration_rows(info.calibration)
+        + [(f"greedy decoding: {label}", values) for label, values in _calibration_rows(info.greedy_calibration)],
+        "confidence_threshold": config.confidence_threshold,
         "speculators_exportable": not speculators_export_problems(config),
         "speculators_note": _speculators_note(config),
     }

@@ -10,7 +10,7 @@ from conftest import make_tiny_llama
 from hf_dspark import DSparkConfig, DSparkDraftModel
 from hf_dspark.evaluation.calibration_run import fit_from_trace, save_calibrated
 from hf_dspark.evaluation.recorder import RoundTrace
-from hf_dspark.hub.model_card import render_model_card
+from hf_dspark.hub.model_card import DraftCardInfo, render_model_card
 from hf_dspark.modeling.modeling import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap
 
@@ -104,5 +104,8 @@ def test_a_greedy_calibration_is_saved_beside_the_sampling_one(drafter, tmp_path
     both = DSparkDraftModel.from_pretrained(tmp_path / "both", target=target)
     assert both.config.confidence_temperatures == pytest.approx(resampled.temperatures)
     assert both.config.greedy_confidence_temperatures == pytest.approx(run.temperatures)
-    card = str(render_model_card(both))
+    rows = [{"position": k, "ece_before": 0.1, "ece_after": 0.02, "auc_after": 0.8} for k in range(1, 6)]
+    card = str(render_model_card(both, DraftCardInfo(calibration=rows, greedy_calibration=rows)))
     assert "| greedy decoding: T_k |" in card and "own fit" in card
+    assert "| greedy decoding: ECE after STS (in-sample) | 2.00% |" in card
+    assert "| ECE after STS (in-sample) | 2.00% |" in card
