@@ -505,8 +505,6 @@ class DSparkDraftModel(PreTrainedModel):
         positions ``first_position`` .. ``first_position + n - 1``. ``greedy`` picks the greedy fit
         (``DSparkConfig.calibration_for``): a bool for all rows, or a bool tensor over the leading (row) dim."""
         if isinstance(greedy, torch.Tensor):
-            if bool(greedy.all()) or not bool(greedy.any()):
-                return self.confidence_from_logits(logits, first_position, bool(greedy.all()))
             rows = greedy.to(logits.device).view(-1, *([1] * (logits.dim() - 1)))
             return torch.where(rows, self.confidence_from_logits(logits, first_position, True),
                                self.confidence_from_logits(logits, first_position, False))
@@ -537,6 +535,8 @@ class DSparkDraftModel(PreTrainedModel):
         """
         gamma = min(num_tokens or self.config.block_size, self.config.block_size)
         greedy = (not do_sample) if greedy_rows is None else greedy_rows
+        if isinstance(greedy, torch.Tensor) and bool((greedy == greedy[:1]).all()):
+            greedy = bool(greedy[0]) if greedy.numel() else False  # one mode for every row: one fit, no per-row mix
         threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
         hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
         head, top_k = self.markov_head, self.config.sequential_top_k

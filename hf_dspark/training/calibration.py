@@ -113,13 +113,9 @@ def ece_noise_floor(predictions, bins: int = DEFAULT_BINS, draws: int = 200, see
     if predictions.min() < 0 or predictions.max() > 1:
         raise ValueError("predictions must be probabilities in [0, 1]")
     rng = np.random.default_rng(seed)
-    index = _bin_index(predictions, bins)
-    predicted_sum = np.bincount(index, weights=predictions, minlength=bins)
-    total = 0.0
-    for _ in range(draws):
-        labels = (rng.random(predictions.size) < predictions).astype(np.float64)
-        total += np.abs(predicted_sum - np.bincount(index, weights=labels, minlength=bins)).sum()
-    return float(total / (draws * predictions.size))
+    draws_ece = [expected_calibration_error(predictions, rng.random(predictions.size) < predictions, bins)
+                 for _ in range(draws)]
+    return float(np.mean(draws_ece))
 
 
 def auc(scores, labels) -> float:
