@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.embedded import load_target
+from hf_dspark.training.prompt_sources import TRAIN_CODE_MODULES, code_prompts, gsm8k_prompts
 from hf_dspark.training.prompts import EvalOverlapGuard, Prompt, dedupe, read_prompts, synthesise_template_prompts
 from hf_dspark.training.regenerate import (
     SamplingSettings,
@@ -65,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                   "messages)")
     parser.add_argument("--eval-dir", default="../shared/eval_datasets",
                         help="evaluation prompts that must not be trained on")
+    parser.add_argument("--sources", nargs="*", default=[], choices=["gsm8k", "code"],
+                        help="real-source prompts: gsm8k = the GSM8K train questions (--gsm8k-file), code = requests "
+                             "written from the standard library's functions and classes (prompt_sources.py)")
+    parser.add_argument("--gsm8k-file", default="../shared/train_data/gsm8k_train.jsonl")
     parser.add_argument("--num-template", type=int, default=6000)
     parser.add_argument("--num-magpie", type=int, default=1500)
     parser.add_argument("--magpie-max-new-tokens", type=int, default=64,
@@ -115,9 +120,15 @@ def main(argv=None) -> None:
     own = dedupe([p for path in args.prompts for p in read_prompts(path)])
     template = read_prompts(template_file)[: args.num_template]
     magpie = read_prompts(magpie_file)[: args.num_magpie] if magpie_file.exists() else []
-    prompts = interleave(own, template, magpie)
+    sources = []
+    if "gsm8k" in args.sources:
+        sources.append(gsm8k_prompts(args.gsm8k_file, guard=guard))
+    if "code" in args.sources:
+        sources.append(code_prompts(TRAIN_CODE_MODULES, seed=args.seed, guard=guard))
+    prompts = interleave(own, template, magpie, *sources)
     guard.raise_if_overlapping(prompts)
-    logging.info("%d prompts: %d yours, %d templated, %d Magpie", len(prompts), len(own), len(template), len(magpie))
+    logging.info("%d prompts: %d yours, %d templated, %d Magpie, %s from sources", len(prompts), len(own), len(template),
+                 len(magpie), [len(s) for s in sources])
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
     train_file = out / "train.jsonl"
     if args.endpoint:
