@@ -22,7 +22,9 @@ import math
 import torch
 from torch import nn
 
-from .modeling import DraftAttention, DraftBlock, DraftCache, DraftMLP, DSparkDraftModel, RMSNorm, draw_draft_token
+from .draft_cache import DraftCache
+from .drafting import DraftBlock, draw_draft_token
+from .modeling import DraftAttention, DraftMLP, DSparkDraftModel, RMSNorm
 
 
 class Eagle3Layer(nn.Module):
@@ -128,7 +130,8 @@ class Eagle3DraftModel(DSparkDraftModel):
     # Inference: context and drafting (the interface generate uses for every drafter)
     # ---------------------------------------------------------------------------------------------------
     def extend_context(self, cache: DraftCache, features: torch.Tensor, positions: torch.Tensor,
-                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None) -> DraftCache:
+                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None, *,
+                       packed: bool = False, counts=None) -> DraftCache:
         """Append committed positions: features [B, n, m·d], positions [B, n], valid [B, n], and ``next_ids``
         [B, n], the committed token after each position (an entry pairs position t with token t + 1)."""
         if next_ids is None:
@@ -151,7 +154,7 @@ class Eagle3DraftModel(DSparkDraftModel):
         new_tail = self._outputs_at(x, feature, positions, last[:, None], keys, values, key_valid, key_pos)[:, 0]
         new_pos = positions.gather(1, last[:, None])[:, 0]
         has_new = valid.any(dim=1)
-        cache.append([k], [v], valid, positions)
+        cache.append([k], [v], valid, positions, packed=packed, counts=counts)
         if cache.tail is None:
             cache.tail = torch.where(has_new[:, None], new_tail, torch.zeros_like(new_tail))
             cache.tail_positions = torch.where(has_new, new_pos, torch.full_like(new_pos, -1))
@@ -164,14 +167,17 @@ class Eagle3DraftModel(DSparkDraftModel):
     def draft_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
                     num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
                     prefix_ids: torch.Tensor | None = None, generator=None,
-                    confidence_threshold: float | None = None, greedy_rows: torch.Tensor | None = None) -> DraftBlock:
+                    confidence_threshold: float | None = None, greedy_rows=None, sequential_top_k: int | None = None,
+                    early_exit: bool | None = None) -> DraftBlock:
         """Draft up to γ tokens autoregressively (one single-token layer pass each); same contract as
-        :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold`` and ``greedy_rows`` are ignored: there is
-        no confidence head."""
-        if cache.tail is None or not bool((cache.tail_positions == anchor_positions - 1).all()):
+        :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold``, ``greedy_rows``, ``sequential_top_k`` and
+        ``early_exit`` are ignored: there is no confidence or sequential head."""
+        # NOTE: the consistency check reads a device value, so it runs where that is free (CPU tensors)
+        if cache.tail is None or (anchor_positions.device.type == "cpu"
+                                  and not bool((cache.tail_positions == anchor_positions - 1).all())):
             raise ValueError("Eagle3 drafter context is out of step: its last committed entry must be the position "
                              "just before each anchor (extend_context with next_ids after every round).")
-        gamma = min(num_tokens or self.config.block_size, self.config.block_size)
+        gamma = min(self.config.block_size if num_tokens is None else num_tokens, self.config.block_size)
         bsz = anchor_ids.shape[0]
         layer = self.layers[0]
         ctx_mask = (cache.valid & (cache.positions < anchor_positions[:, None]))[:, None, :]

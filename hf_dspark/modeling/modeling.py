@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,8 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 
 from .configuration import DSparkConfig
+from .draft_cache import DraftCache
+from .drafting import DraftBlock, calibrated_confidence, draft_block, draw_draft_token  # noqa: F401 (re-exported)
 from .families import TargetFamily, get_target_family
 from .heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
 
@@ -126,66 +127,6 @@ class DraftDecoderLayer(nn.Module):
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-@dataclass
-class DraftCache:
-    """Context K/V of every drafter layer for a batch of rows (SPEC §2: the cache holds only context K/V).
-
-    Rows of a batch commit different numbers of tokens per round; appends are padded to the longest and the
-    padding slots are marked invalid in ``valid`` (so they are never attended to), which keeps every update a
-    single batched op. ``positions`` records each slot's absolute position.
-    """
-
-    keys: list[torch.Tensor] = field(default_factory=list)  # per layer [B, Hkv, S, hd]
-    values: list[torch.Tensor] = field(default_factory=list)
-    valid: torch.Tensor | None = None  # [B, S] bool
-    positions: torch.Tensor | None = None  # [B, S] long
-    # autoregressive (Eagle3) drafters: output state and position of each row's last committed entry
-    tail: torch.Tensor | None = None  # [B, d]
-    tail_positions: torch.Tensor | None = None  # [B] long
-
-    @property
-    def num_slots(self) -> int:
-        return 0 if self.valid is None else self.valid.shape[1]
-
-    def append(self, keys: list[torch.Tensor], values: list[torch.Tensor], valid: torch.Tensor,
-               positions: torch.Tensor) -> None:
-        if self.valid is None:
-            self.keys, self.values, self.valid, self.positions = list(keys), list(values), valid, positions
-            return
-        self.keys = [torch.cat([a, b], dim=2) for a, b in zip(self.keys, keys)]
-        self.values = [torch.cat([a, b], dim=2) for a, b in zip(self.values, values)]
-        self.valid = torch.cat([self.valid, valid], dim=1)
-        self.positions = torch.cat([self.positions, positions], dim=1)
-
-    def select_rows(self, rows: torch.Tensor) -> "DraftCache":
-        """A cache holding only ``rows`` (finished rows leave the batch)."""
-        if self.valid is None:
-            return DraftCache()
-        return DraftCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.valid[rows],
-                          self.positions[rows], None if self.tail is None else self.tail[rows],
-                          None if self.tail_positions is None else self.tail_positions[rows])
-
-
-@dataclass
-class DraftBlock:
-    """One round's proposal for a batch. Slot k (0-based) drafts the token at anchor position + k + 1.
-
-    ``draft_probs`` is the exact distribution q each token was sampled from (sequential bias and logits
-    processors included; ``None`` when drafting greedily, where q is one-hot). ``num_drafts[b]`` is how many
-    leading drafts row b proposes for verification (< γ only under a confidence threshold).
-    """
-
-    # γ' = γ, except under a confidence threshold, where only slots up to the longest proposal are drafted
-    tokens: torch.Tensor  # [B, γ'] long
-    num_drafts: torch.Tensor  # [B] long
-    draft_logits: torch.Tensor  # [B, γ', V] processed logits the tokens were drawn from
-    draft_probs: torch.Tensor | None  # [B, γ', V]
-    base_logits: torch.Tensor  # [B, γ', V'] U_k over the draft vocabulary (no sequential bias, no processors)
-    hidden: torch.Tensor  # [B, γ, d] final-normed backbone states h_k
-    confidence: torch.Tensor | None  # [B, γ''] calibrated c_k of every evaluated slot (γ' ≤ γ'' ≤ γ)
-    confidence_logits: torch.Tensor | None  # [B, γ''] raw logits z_k
 
 
 # Callables run with the target whenever a drafter is bound to it (layers above modeling register here, so
@@ -426,12 +367,14 @@ class DSparkDraftModel(PreTrainedModel):
         return self.hidden_norm(self.fc(features))
 
     def extend_context(self, cache: DraftCache, features: torch.Tensor, positions: torch.Tensor,
-                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None) -> DraftCache:
+                       valid: torch.Tensor | None = None, next_ids: torch.Tensor | None = None, *,
+                       packed: bool = False, counts: Sequence[int] | None = None) -> DraftCache:
         """Append committed positions to the drafter cache.
 
         features [B, n, m·d] (raw taps, ascending layer order), positions [B, n] absolute positions,
-        valid [B, n] (False for padding). ``next_ids`` [B, n] (the committed token after each position) is what
-        an autoregressive drafter pairs each position with; the block drafter does not need it.
+        valid [B, n] (False for padding / rejected slots). ``next_ids`` [B, n] (the committed token after each
+        position) is what an autoregressive drafter pairs each position with; the block drafter does not need it.
+        ``packed`` / ``counts``: see :meth:`DraftCache.append` (the speculative round packs: no holes).
         """
         if valid is None:
             valid = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
@@ -440,7 +383,7 @@ class DSparkDraftModel(PreTrainedModel):
         ctx = self.fuse_features(features)
         cos, sin = self.rotary_emb(ctx, positions)
         kv = [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
-        cache.append([k for k, _ in kv], [v for _, v in kv], valid, positions)
+        cache.append([k for k, _ in kv], [v for _, v in kv], valid, positions, packed=packed, counts=counts)
         return cache
 
     def _run_layers(self, x, cos, sin, ctx_keys, ctx_values, mask) -> torch.Tensor:
@@ -504,25 +447,14 @@ class DSparkDraftModel(PreTrainedModel):
         """Calibrated c_k = σ(z_k / T_k + b_k) (T_k, b_k from STS; 1 and 0 when uncalibrated). logits [..., n] hold
         positions ``first_position`` .. ``first_position + n - 1``. ``greedy`` picks the greedy fit
         (``DSparkConfig.calibration_for``): a bool for all rows, or a bool tensor over the leading (row) dim."""
-        if isinstance(greedy, torch.Tensor):
-            rows = greedy.to(logits.device).view(-1, *([1] * (logits.dim() - 1)))
-            return torch.where(rows, self.confidence_from_logits(logits, first_position, True),
-                               self.confidence_from_logits(logits, first_position, False))
-        window = slice(first_position, first_position + logits.shape[-1])
-        temps, offsets = self.config.calibration_for(greedy)
-        if temps is not None:
-            logits = logits / torch.tensor(temps[window], dtype=logits.dtype, device=logits.device)
-        if offsets is not None:
-            logits = logits + torch.tensor(offsets[window], dtype=logits.dtype, device=logits.device)
-        return torch.sigmoid(logits)
+        return calibrated_confidence(self, logits, first_position, greedy)
 
-    @torch.no_grad()
     def draft_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
                     num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
                     prefix_ids: torch.Tensor | None = None,
                     generator: torch.Generator | Sequence[torch.Generator] | None = None,
-                    confidence_threshold: float | None = None,
-                    greedy_rows: torch.Tensor | None = None) -> DraftBlock:
+                    confidence_threshold: float | None = None, greedy_rows: torch.Tensor | Sequence[bool] | None = None,
+                    sequential_top_k: int | None = None, early_exit: bool | None = None) -> DraftBlock:
         """Draft one block for every row: the primitive behind generate, the engine and the evaluation.
 
         anchor_ids [B] (last committed token), anchor_positions [B]; the cache must already hold the context
@@ -530,92 +462,16 @@ class DSparkDraftModel(PreTrainedModel):
         warpers when sampling) is applied to slot k's logits with input ids ``prefix_ids + drafts[:k]``, exactly
         as the target's logits are processed at verification, so p and q see the same processors.
         ``generator`` may be a sequence with one generator per row (the serving engine's per-request streams).
-        ``greedy_rows`` [B] bool says which rows decode greedily (their confidences use the greedy calibration);
-        default: every row when ``do_sample`` is False, none otherwise.
+        ``greedy_rows`` [B] says which rows decode greedily (their confidences use the greedy calibration);
+        default: every row when ``do_sample`` is False, none otherwise. ``confidence_threshold`` (default: the
+        config's) lets drafting stop at each row's first slot with a calibrated confidence below it
+        (``early_exit``: default on CPU only, see ``modeling/drafting.py``). ``sequential_top_k`` overrides the
+        config's support restriction of the sequential bias (0 = full vocabulary, the reference behaviour).
         """
-        gamma = min(num_tokens or self.config.block_size, self.config.block_size)
-        greedy = (not do_sample) if greedy_rows is None else greedy_rows
-        if isinstance(greedy, torch.Tensor) and bool((greedy == greedy[:1]).all()):
-            greedy = bool(greedy[0]) if greedy.numel() else False  # one mode for every row: one fit, no per-row mix
-        threshold = self.config.confidence_threshold if confidence_threshold is None else confidence_threshold
-        hidden = self.forward_block(cache, anchor_ids, anchor_positions)[:, :gamma]
-        head, top_k = self.markov_head, self.config.sequential_top_k
-        bsz = hidden.shape[0]
-        # Under a threshold, c_k (a function of h_k and x_<k only) is evaluated before slot k is drafted, and
-        # drafting ends once every row has stopped: slots nobody will verify cost no LM head, sequential head or
-        # logits processing (on a CPU most rounds of a weak drafter stop at slot 0).
-        early_exit = bool(threshold and threshold > 0 and self.confidence_head is not None)
-        base_logits = None if early_exit else self.compute_draft_logits(hidden).float()
-        state = head.init_state(bsz, hidden) if head is not None else None
-        tokens = anchor_ids.new_zeros(bsz, gamma)
-        all_base, all_logits, all_probs, conf_logits = [], [], [], []
-        # first slot whose own c_k (a function of x_<k only) is below the threshold; γ = proposes every draft
-        stop_at = torch.full((bsz,), gamma, dtype=torch.long, device=tokens.device)
-        prev = anchor_ids
-        drafted = 0
-        for k in range(gamma):
-            prev_emb = head.markov_w1(prev) if head is not None else None
-            if self.confidence_head is not None:
-                conf_logits.append(self.confidence_head(hidden[:, k], prev_emb).float())
-            if early_exit:
-                c_k = self.confidence_from_logits(conf_logits[-1][:, None], first_position=k, greedy=greedy)[:, 0]
-                stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
-                if bool((stop_at <= k).all()):
-                    break
-                base = self.compute_draft_logits(hidden[:, k]).float()
-                all_base.append(base)
-            else:
-                base = base_logits[:, k]
-            logits = base
-            vocab = base.shape[-1]
-            if head is not None:
-                u, state = head.step(hidden[:, k], prev_emb, state)
-                if top_k and top_k < vocab:
-                    # q_k is defined on the base top-k support; lossless because it is the q we sample from.
-                    cand = logits.topk(top_k, dim=-1).indices
-                    vals = logits.gather(-1, cand) + head.bias(u, cand).float()
-                    logits = self.to_target_vocab(vals, cand)
-                else:
-                    logits = self.to_target_vocab(logits + head.bias(u).float())
-            else:
-                logits = self.to_target_vocab(logits)
-            logits, probs = draw_draft_token(logits, tokens, k, logits_processor, prefix_ids, do_sample, generator)
-            all_probs.append(probs)
-            all_logits.append(logits)
-            prev = tokens[:, k]
-            drafted = k + 1
-        z = torch.stack(conf_logits, dim=1) if conf_logits else None
-        confidence = self.confidence_from_logits(z, greedy=greedy) if z is not None else None
-        if base_logits is None:  # early exit: only the drafted slots have base logits
-            draft_vocab = self.config.draft_vocab_size or self.config.vocab_size
-            base_logits = torch.stack(all_base, 1) if all_base else hidden.new_zeros(bsz, 0, draft_vocab)
-        empty = hidden.new_zeros(bsz, 0, self.config.vocab_size)
-        return DraftBlock(tokens=tokens[:, :drafted], num_drafts=stop_at,
-                          draft_logits=torch.stack(all_logits, 1) if all_logits else empty,
-                          draft_probs=(torch.stack(all_probs, 1) if all_probs else empty) if do_sample else None,
-                          base_logits=base_logits, hidden=hidden, confidence=confidence, confidence_logits=z)
-
-
-def draw_draft_token(logits: torch.Tensor, tokens: torch.Tensor, k: int, logits_processor, prefix_ids, do_sample: bool,
-                     generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Process slot k's logits [B, V] as the target's will be (input ids = prefix + drafts < k), then write the
-    sampled (or greedy) draft into ``tokens[:, k]``. Returns (processed logits, q or None when greedy)."""
-    if logits_processor is not None:
-        ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
-        logits = logits_processor(ids, logits)
-    if not do_sample:
-        tokens[:, k] = logits.argmax(dim=-1)
-        return logits, None
-    probs = torch.softmax(logits, dim=-1)
-    tokens[:, k] = _sample_rows(probs, generator)
-    return logits, probs
-
-
-def _sample_rows(probs: torch.Tensor, generator) -> torch.Tensor:
-    """One token per row of probs [B, V], from one shared generator or from one generator per row."""
-    if isinstance(generator, (list, tuple)):
-        return torch.cat([torch.multinomial(p[None], 1, generator=g) for p, g in zip(probs, generator)]).squeeze(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return draft_block(self, cache, anchor_ids, anchor_positions, num_tokens=num_tokens, do_sample=do_sample,
+                           logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
+                           confidence_threshold=confidence_threshold, greedy_rows=greedy_rows,
+                           sequential_top_k=sequential_top_k, early_exit=early_exit)
 
 
 # -------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from ..modeling.target_taps import TargetFeatureTap
 from .batch import JoiningRows, RunningBatch
 from .metrics import EngineMetrics
 from .processing import BatchLogitsProcessor
-from .profiler import SPSProfile, StepCostProfile, profile_step_cost
+from ..scheduling.step_cost import SPSProfile, StepCostProfile, profile_step_cost
 from .requests import (
     FinishReason,
     Request,
@@ -51,7 +51,7 @@ from .requests import (
     RequestRejectedError,
     SamplingParams,
 )
-from .scheduler import NoSpeculationPolicy, VerifyPolicy, make_policy
+from ..scheduling.policies import NoSpeculationPolicy, VerifyPolicy, make_policy
 
 logger = logging.getLogger(__name__)
 

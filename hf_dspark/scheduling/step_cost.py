@@ -17,7 +17,6 @@ tokens laid out in rows of 1 + γ) so every SPS-based policy can use it unchange
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..modeling.target_support import cache_kwarg
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +192,8 @@ def time_padded_verify(target, rows: int, length: int, *, context_len: int, repe
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (1, context_len), generator=generator).to(device)
     cache = DynamicCache(config=target.config)
-    cache_kwarg = _cache_kwarg(target)
-    target(input_ids=context, use_cache=True, **{cache_kwarg: cache})
+    cache_name = cache_kwarg(target)
+    target(input_ids=context, use_cache=True, **{cache_name: cache})
     cache.batch_repeat_interleave(rows)
     ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
     positions = (context_len + torch.arange(length, device=device)).expand(rows, -1)
@@ -200,17 +201,12 @@ def time_padded_verify(target, rows: int, length: int, *, context_len: int, repe
     for i in range(repeats + 1):  # the first forward is a warm-up and is not timed
         _synchronize(device)
         start = time.perf_counter()
-        target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_kwarg: cache})
+        target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_name: cache})
         _synchronize(device)
         if i:
             times.append(time.perf_counter() - start)
         cache.crop(-length)  # transformers >= 5.24: negative = number of tokens to drop
     return statistics.median(times)
-
-
-def _cache_kwarg(target) -> str:
-    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns until 5.40)."""
-    return "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
 
 
 def _synchronize(device: torch.device) -> None:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from .profiler import SPSProfile, StepCostProfile
+    from .step_cost import SPSProfile, StepCostProfile
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +44,41 @@ ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 DEFAULT_MISSING_CONFIDENCE = 0.75
 
 
-@runtime_checkable
-class VerifyPolicy(Protocol):
-    """What the engine calls each step. ``step`` is the engine step index (only history-keeping policies use it)."""
+class VerifyPolicy:
+    """What the shared speculative round asks each step; ``generate`` and the engine call the same methods.
 
-    name: str
+    Subclasses implement :meth:`choose`; every other hook has a neutral default, so a policy only overrides what
+    it uses (no caller probes for optional methods). ``step`` is the engine step index (only history-keeping
+    policies use it)."""
 
-    def choose(self, confidences: torch.Tensor | None, max_lengths: torch.Tensor, sps: "SPSProfile", *,
+    name: str = ""
+    #: True when :meth:`choose` / :meth:`wants_drafts` read the step cost (the engine then measures it).
+    needs_step_cost: bool = False
+
+    def choose(self, confidences: torch.Tensor | np.ndarray | None, max_lengths: ArrayLike, sps: "SPSProfile", *,
                step: int | None = None) -> torch.Tensor:
         """confidences [R, γ] (NaN = unknown) or None; max_lengths [R] drafts available -> ℓ [R] long."""
-        ...
+        raise NotImplementedError
+
+    def max_drafts(self, block_size: int) -> int:
+        """Drafts per request per round this policy can ever verify (0: never draft at all)."""
+        return block_size
+
+    def draft_threshold(self) -> float:
+        """A confidence below which this policy never verifies a draft *or any later one*: the drafter may stop
+        drafting a row at its first slot under it (an early exit that saves drafting cost and changes nothing the
+        policy would choose). 0 = no such bound."""
+        return 0.0
+
+    def wants_drafts(self, num_requests: int, cost: "StepCostProfile | SPSProfile | None") -> bool:
+        """Whether drafting this round can pay at all (False: a plain decoding round, the drafter is skipped)."""
+        return True
+
+    def observe(self, confidences, lengths, num_accepted) -> None:
+        """One round's outcome: ℓ_r verified drafts of which the first ``num_accepted_r`` were accepted."""
+
+    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float) -> None:
+        """A finished round's wall time next to the cost model's prediction."""
 
 
 _POLICIES: dict[str, Callable[..., VerifyPolicy]] = {}
@@ -69,6 +94,9 @@ def register_policy(name: str, *, overwrite: bool = False):
             raise ValueError(f"verify policy {name!r} is already registered; pass overwrite=True to replace it")
         if not callable(getattr(cls, "choose", None)):
             raise TypeError(f"register_policy({name!r}): {cls.__name__} has no choose() method")
+        if not (isinstance(cls, type) and issubclass(cls, VerifyPolicy)):
+            raise TypeError(f"register_policy({name!r}): {cls.__name__} must subclass hf_dspark.serving.VerifyPolicy "
+                            "(its hooks have the neutral defaults the round relies on)")
         cls.name = name
         _POLICIES[name] = cls
         return cls
@@ -185,6 +213,13 @@ def _as_lengths(max_lengths: ArrayLike) -> np.ndarray:
     return lengths
 
 
+def _is_step_cost(cost) -> bool:
+    """A padded-step cost model (drafter pass + R × W verify) rather than a bare SPS(B) table."""
+    from .step_cost import StepCostProfile
+
+    return isinstance(cost, StepCostProfile)
+
+
 def _as_result(lengths: np.ndarray, like: ArrayLike) -> torch.Tensor:
     """ℓ as a long tensor on the device of the caller's ``max_lengths``."""
     device = like.device if isinstance(like, torch.Tensor) else None
@@ -195,15 +230,18 @@ def _as_result(lengths: np.ndarray, like: ArrayLike) -> torch.Tensor:
 # Policies
 # ---------------------------------------------------------------------------------------------------------
 @register_policy("none")
-class NoSpeculationPolicy:
+class NoSpeculationPolicy(VerifyPolicy):
     """ℓ = 0 for every request: the target decodes one token per request per step (continuous batching)."""
+
+    def max_drafts(self, block_size: int) -> int:
+        return 0
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
         return _as_result(np.zeros_like(_as_lengths(max_lengths)), max_lengths)
 
 
 @register_policy("fixed")
-class FixedLengthPolicy:
+class FixedLengthPolicy(VerifyPolicy):
     """ℓ = min(num_tokens, max_r); ``num_tokens=None`` verifies every drafted token. Lossless trivially:
     the length never looks at a draft."""
 
@@ -212,34 +250,54 @@ class FixedLengthPolicy:
             raise ValueError(f"fixed policy: num_tokens must be >= 0 or None (all drafts), got {num_tokens}")
         self.num_tokens = num_tokens
 
+    def max_drafts(self, block_size: int) -> int:
+        return block_size if self.num_tokens is None else min(block_size, self.num_tokens)
+
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
         lengths = _as_lengths(max_lengths)
         return _as_result(lengths if self.num_tokens is None else np.minimum(lengths, self.num_tokens), max_lengths)
 
 
 @register_policy("threshold")
-class ThresholdPolicy:
+class ThresholdPolicy(VerifyPolicy):
     """Verify drafts up to (excluding) the first j whose own conditional c_j < threshold; load-blind.
 
     Lossless: whether draft j is verified depends on c_1..c_j, and c_j is computed from x_<j only.
-    Unknown confidences (NaN) count as ``missing_confidence`` (default 1: no score, no pruning)."""
+    Unknown confidences (NaN) count as ``missing_confidence`` (default 1: no score, no pruning).
+    ``num_tokens`` caps the drafts per round (None: the block). This is the one threshold of the library:
+    ``generate(dspark_confidence_threshold=...)``, the drafter config's ``confidence_threshold`` and the engine's
+    ``threshold`` policy all run it, and the drafter's early exit is only its cost optimisation
+    (:meth:`draft_threshold`)."""
 
-    def __init__(self, threshold: float = 0.5, missing_confidence: float = 1.0):
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold policy: threshold must be in [0, 1], got {threshold}")
+    def __init__(self, threshold: float = 0.5, missing_confidence: float = 1.0, num_tokens: int | None = None,
+                 max_threshold: float = 1.0):
+        if not 0.0 <= threshold <= max_threshold or threshold != threshold:
+            raise ValueError(f"threshold policy: threshold must be in [0, {max_threshold:g}], got {threshold}")
+        if num_tokens is not None and num_tokens < 0:
+            raise ValueError(f"threshold policy: num_tokens must be >= 0 or None (the block), got {num_tokens}")
         self.threshold = threshold
         self.missing_confidence = missing_confidence
+        self.num_tokens = num_tokens
+
+    def max_drafts(self, block_size: int) -> int:
+        return block_size if self.num_tokens is None else min(block_size, self.num_tokens)
+
+    def draft_threshold(self) -> float:
+        return self.threshold
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
         lengths = _as_lengths(max_lengths)
         conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
         passing = (conf >= self.threshold).astype(np.int64)
         # positions beyond max_r were zeroed by fill_confidences, so they fail unless threshold == 0
-        return _as_result(np.minimum(np.cumprod(passing, axis=-1).sum(-1), lengths), max_lengths)
+        chosen = np.minimum(np.cumprod(passing, axis=-1).sum(-1), lengths)
+        if self.num_tokens is not None:
+            chosen = np.minimum(chosen, self.num_tokens)
+        return _as_result(chosen, max_lengths)
 
 
 @register_policy("scheduled")
-class ScheduledPolicy:
+class ScheduledPolicy(VerifyPolicy):
     """Paper Algorithm 1: maximise Θ = τ · SPS(B) by admitting candidates in order of prefix survival a_{r,j},
     keeping the best Θ and stopping at the first admission that does not improve it.
 
@@ -261,6 +319,9 @@ class ScheduledPolicy:
     plain decoding at the current load, using the mean survival per position of earlier steps (drafts already
     resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
     probing again every ``probe_interval`` skipped steps so the estimate follows the traffic.
+    ``objective="tokens"`` keeps the paper's own Θ = τ · SPS(Σ_r (1 + ℓ_r)) even with a step-cost profile (the
+    cost of a packed, unpadded verify: what a varlen attention back-end pays); the default "padded" prices the
+    R × W forward the engine and ``generate`` actually run.
 
     **Online calibration** (``online_calibration=True``, not in the paper). The engine reports each step's
     outcomes (:meth:`observe`); per position j the policy keeps decayed sums of predicted c_j and realised
@@ -271,9 +332,15 @@ class ScheduledPolicy:
     a'_{r,j} still reads x_{r,<j} alone: lossless as above.
     """
 
+    needs_step_cost = True
+
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
-                 calibration_decay: float = 0.995, calibration_prior: float = 16.0):
+                 calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded"):
+        if objective not in ("padded", "tokens"):
+            raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
+                             f"(the paper's Θ = τ · SPS(Σ(1 + ℓ_r))), got {objective!r}")
+        self.objective = objective
         if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
             raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
                              f"{probe_interval}, {survival_momentum}")
@@ -300,7 +367,7 @@ class ScheduledPolicy:
         survival = prefix_survival(conf)
         if num_requests and survival.shape[1]:
             self._remember(survival)
-        if hasattr(sps, "verify_widths"):
+        if self.objective == "padded" and _is_step_cost(sps):
             return _as_result(self._choose_width(survival, lengths, sps), max_lengths)
         rows, _, values = admission_order(survival)
         theta = throughput_path(values, num_requests, sps)
@@ -375,7 +442,7 @@ class ScheduledPolicy:
 
         Always True before the first drafted step (nothing known yet) and on every ``probe_interval``-th step
         after a run of skipped ones."""
-        if self.mean_survival is None or not hasattr(cost, "verify_widths") or num_requests < 1:
+        if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
             return True
         if self._skipped_in_a_row >= self.probe_interval:
             self._skipped_in_a_row = 0
@@ -390,7 +457,7 @@ class ScheduledPolicy:
 
 
 @register_policy("scheduled-async")
-class AsyncScheduledPolicy:
+class AsyncScheduledPolicy(VerifyPolicy):
     """Paper §5.2: the verify budget K (number of draft tokens) is sized from confidences ``delay`` (=2) steps
     old by a *global* search over Θ (no break, so jagged SPS cliffs do not trap it); the step then verifies
     the top-K current candidates ranked by up-to-date a_{r,j} (contiguous prefixes, same order as Algorithm 1).
@@ -404,6 +471,8 @@ class AsyncScheduledPolicy:
     The first ``delay`` steps have no history and fall back to synchronous Algorithm 1 (also lossless).
     The history is keyed by ``step`` (the engine's step index; an internal counter when omitted).
     """
+
+    needs_step_cost = True
 
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE, delay: int = 2):
         if delay < 1:

@@ -1,0 +1,167 @@
+"""DraftCache: the drafter's context K/V (SPEC §2: the cache holds only context K/V), in preallocated storage.
+
+Why preallocated and packed: a speculative round commits a few tokens per row, and rows of a batch commit
+different numbers. Concatenating the whole cache every round costs O(context) per round (O(n²) per generation),
+and appending every verified slot with a validity mask keeps rejected slots forever (a weak drafter's cache
+would hold ~8 slots per real one). Instead each row writes its committed entries right after its own last entry
+(a per-row write pointer), into storage that grows by doubling: an append costs O(new entries), and the cache
+holds only committed context.
+
+Layout: ``keys[i]`` / ``values[i]`` are [R, Hkv, S, hd] views of the storage, ``valid`` [R, S] says which slots
+hold an entry (slots past a row's pointer are free), ``positions`` [R, S] each slot's absolute position. The
+drafter attends by ``valid`` and ``positions`` only, so slot order never matters. A cache built from given
+tensors (``DraftCache(keys, values, valid, positions)``) may hold holes anywhere; appends go after its last slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class DraftCache:
+    """Context K/V of every drafter layer for a batch of rows (see the module docstring)."""
+
+    def __init__(self, keys: Sequence[torch.Tensor] | None = None, values: Sequence[torch.Tensor] | None = None,
+                 valid: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                 tail: torch.Tensor | None = None, tail_positions: torch.Tensor | None = None):
+        self._keys = list(keys or [])  # per layer [R, Hkv, capacity, hd]
+        self._values = list(values or [])
+        self._valid = valid  # [R, capacity] bool
+        self._positions = positions  # [R, capacity] long
+        width = 0 if valid is None else valid.shape[1]
+        self._num_slots = width  # the visible width S (max over rows of the write pointer)
+        self._ends = [width] * (0 if valid is None else valid.shape[0])  # per-row write pointer (host ints)
+        # autoregressive (Eagle3) drafters: output state and position of each row's last committed entry
+        self.tail = tail  # [R, d]
+        self.tail_positions = tail_positions  # [R] long
+
+    # -- views ----------------------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._ends)
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return [k[:, :, : self._num_slots] for k in self._keys]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [v[:, :, : self._num_slots] for v in self._values]
+
+    @property
+    def valid(self) -> torch.Tensor | None:
+        return None if self._valid is None else self._valid[:, : self._num_slots]
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        return None if self._positions is None else self._positions[:, : self._num_slots]
+
+    @property
+    def row_ends(self) -> list[int]:
+        """Per row: slots in use (entries and holes before the write pointer)."""
+        return list(self._ends)
+
+    # -- updates --------------------------------------------------------------------------------------------
+    def append(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], valid: torch.Tensor,
+               positions: torch.Tensor, *, packed: bool = False, counts: Sequence[int] | None = None) -> None:
+        """Add entries: keys/values per layer [R, Hkv, n, hd], valid/positions [R, n].
+
+        ``packed=False`` appends all n slots to every row after the widest row (invalid ones stay as holes, as
+        the old concatenating cache did). ``packed=True`` keeps only the valid entries, each row's right after its
+        own last entry: what the speculative round uses, so rejected slots never enter the cache. ``counts`` [R]
+        = valid entries per row when the caller knows them on the host (saves a device→host read)."""
+        rows, n = valid.shape
+        if n == 0:
+            return
+        if self._valid is None:
+            self._allocate(keys, values, rows, n)
+        if not packed:
+            start = self._num_slots
+            self._reserve(start + n + 1)
+            self._write_slice(start, keys, values, valid, positions)
+            self._ends = [start + n] * rows
+            self._num_slots = start + n
+            return
+        if counts is None:
+            counts = valid.sum(1).tolist()
+        counts = [int(c) for c in counts]
+        new_ends = [end + c for end, c in zip(self._ends, counts)]
+        self._reserve(max(new_ends) + 1)  # + 1: the dump slot for invalid entries (see below)
+        ends = self._ends
+        if all(c == n for c in counts) and len(set(ends)) == 1:
+            self._write_slice(ends[0], keys, values, valid, positions)  # all valid, rows aligned: one slice
+        else:
+            # row r's j-th valid entry goes to slot ends[r] + j; invalid entries all go to the last storage slot,
+            # which lies past every row's pointer and is never visible (its contents are garbage by design)
+            dump = self._valid.shape[1] - 1
+            offsets = torch.tensor(ends, dtype=torch.long, device=valid.device)
+            index = torch.where(valid, offsets[:, None] + valid.long().cumsum(1) - 1, dump)  # [R, n]
+            for store, new in zip(self._keys + self._values, list(keys) + list(values)):
+                store.scatter_(2, index[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3]), new)
+            self._valid.scatter_(1, index, valid)
+            self._positions.scatter_(1, index, positions)
+            self._valid[:, dump] = False
+        self._ends = new_ends
+        self._num_slots = max(new_ends)
+
+    def _write_slice(self, start: int, keys, values, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        n = valid.shape[1]
+        for store, new in zip(self._keys + self._values, list(keys) + list(values)):
+            store[:, :, start:start + n] = new
+        self._valid[:, start:start + n] = valid
+        self._positions[:, start:start + n] = positions
+
+    def _allocate(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], rows: int, n: int) -> None:
+        capacity = max(16, 2 * (n + 1))
+        self._keys = [k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3]) for k in keys]
+        self._values = [v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3]) for v in values]
+        device = keys[0].device
+        self._valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self._positions = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        self._ends = [0] * rows
+        self._num_slots = 0
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` slots per row up front (a caller that knows its final length)."""
+        if self._valid is not None:
+            self._reserve(capacity + 1)
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self._valid.shape[1]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity)
+        grow = new_capacity - capacity
+
+        def widen(x: torch.Tensor, dim: int, fill=None) -> torch.Tensor:
+            shape = list(x.shape)
+            shape[dim] = grow
+            extra = x.new_zeros(shape) if fill is None else x.new_full(shape, fill)
+            return torch.cat([x, extra], dim=dim)
+
+        self._keys = [widen(k, 2) for k in self._keys]
+        self._values = [widen(v, 2) for v in self._values]
+        self._valid = widen(self._valid, 1, False)
+        self._positions = widen(self._positions, 1)
+
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> "DraftCache":
+        """A cache holding only ``rows`` (finished rows leave the batch)."""
+        host_rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+        if self._valid is None:
+            return DraftCache()
+        index = torch.as_tensor(host_rows, dtype=torch.long, device=self._valid.device)
+        out = DraftCache([k[index] for k in self._keys], [v[index] for v in self._values], self._valid[index],
+                         self._positions[index], None if self.tail is None else self.tail[index],
+                         None if self.tail_positions is None else self.tail_positions[index])
+        out._ends = [self._ends[r] for r in host_rows]
+        out._num_slots = max(out._ends, default=0)
+        return out
+
+
+__all__ = ["DraftCache"]
