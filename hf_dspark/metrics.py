@@ -11,6 +11,7 @@ Per-position rates (1-based position j):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +38,12 @@ class DSparkStats:
         return cls(block_size=block_size, proposed_at=[0] * block_size, reached_at=[0] * block_size,
                    accepted_at=[0] * block_size)
 
-    def observe_round(self, num_proposed: torch.Tensor, num_accepted: torch.Tensor,
-                      num_committed: torch.Tensor) -> None:
-        """One verification round for each row: drafts proposed, drafts accepted, tokens actually committed."""
-        proposed, accepted, committed = (t.tolist() for t in (num_proposed, num_accepted, num_committed))
+    def observe_round(self, num_proposed: torch.Tensor | Sequence[int], num_accepted: torch.Tensor | Sequence[int],
+                      num_committed: torch.Tensor | Sequence[int]) -> None:
+        """One verification round for each row: drafts proposed, drafts accepted, tokens actually committed
+        (host ints, or tensors)."""
+        proposed, accepted, committed = (t.tolist() if isinstance(t, torch.Tensor) else list(t)
+                                         for t in (num_proposed, num_accepted, num_committed))
         self.rounds += len(proposed)
         self.committed_tokens += sum(committed)
         self.proposed_tokens += sum(proposed)

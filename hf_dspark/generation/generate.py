@@ -1,35 +1,36 @@
-"""Speculative decoding loop for any batch size, plugged into the stock ``GenerationMixin.generate``.
+"""``target.generate(..., assistant_model=draft)`` for any batch size: transformers glue around the shared round.
 
-``target.generate(**inputs, assistant_model=draft)`` reaches :func:`dspark_decode` through
-``generate(custom_generate=dspark_decode)`` (see ``integration.py``), so transformers still prepares the
-generation config, logits processors, stopping criteria, attention mask and cache exactly as for plain
-decoding; this loop replaces only the token-by-token part:
+``generate`` reaches :func:`dspark_decode` through ``custom_generate`` (see ``integration.py``), so transformers
+still prepares the generation config, logits processors, stopping criteria, attention mask and cache exactly as
+for plain decoding. This module only adapts them to a ragged batch and runs
+:class:`~.speculative_round.SpeculativeRound` (the same round the serving engine runs) until every row stops:
 
     prefill(prompt) -> first token;  drafter context <- target features of the prompt
-    repeat:  draft γ tokens per row (drafter)  ->  one target forward over [anchor, drafts] for all rows
-             -> verify()  ->  commit accepted + recovered/bonus  ->  stopping criteria token by token
-             -> drafter context <- target features of the committed positions
-
-Rows of a batch accept different numbers of tokens per round. Instead of re-aligning the batch, each row keeps
-its own positions and the target cache keeps rejected slots as *holes* masked out of attention (trailing holes
-shared by all rows are cropped); finished rows leave the batch so they stop costing compute.
+    repeat:  round (draft -> choose widths -> verify -> drafter context)  ->  commit with the stopping rules
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import fields
 
 import torch
 from transformers import DynamicCache
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..metrics import DSparkStats
-from ..modeling.modeling import DraftCache
+from ..modeling.draft_cache import DraftCache
+from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
+from ..sampling import pick_tokens
+from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
 from .processing import RowLogitsProcessor, adapt_for_rows
-from .ragged_batch import cache_kwarg, crop_trailing_holes
+from .ragged_batch import RaggedBatch
+from .row_tokens import RowTokens
+from .speculative_round import SpeculativeRound, prefill
 from .verification import verify
 
 logger = logging.getLogger(__name__)
@@ -48,71 +49,55 @@ def _raise_if_unsupported(model, generation_config, cache) -> None:
         raise ValueError(f"hf-dspark needs a DynamicCache for the target (got {type(cache).__name__}): speculative "
                          "decoding must roll back rejected positions, which static/quantized/offloaded caches "
                          "cannot do here. Remove cache_implementation=... or pass a DynamicCache.")
-    if any(getattr(model.config.get_text_config(), "layer_types", None) or []) and any(
-            t != "full_attention" for t in model.config.get_text_config().layer_types):
-        raise ValueError("Targets with sliding-window or linear-attention layers are not supported yet: rejected "
-                         "draft positions cannot be rolled back inside a sliding window cache.")
+    raise_if_unsupported_target(model)
 
 
-class _Rows:
-    """Per-row bookkeeping of a ragged speculative batch (python lists: rows diverge every round)."""
+class StopRules:
+    """transformers' stopping criteria for one ragged batch: the max length and EOS ids are checked on the host
+    from the committed tokens (no per-token tensor); any other criterion (stop strings, max time, yours) is
+    called per committed token on the row's view, as plain generate calls it."""
 
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int):
-        self.prompt_rows = list(input_ids)  # left-padded prompt rows, as plain batched generate sees them
-        self.num_pad = (attention_mask.cumsum(-1) == 0).sum(-1).tolist()  # leading padding per row
-        self.generated: list[list[int]] = [[] for _ in self.prompt_rows]
-        self.scores: list[list[torch.Tensor]] = [[] for _ in self.prompt_rows]
-        self.raw_logits: list[list[torch.Tensor]] = [[] for _ in self.prompt_rows]
-        self.finished = [False] * len(self.prompt_rows)
-        self.pad_token_id = pad_token_id
+    def __init__(self, criteria, max_length: int | None):
+        self.max_length, self.eos_ids, self.others = max_length, set(), []
+        for criterion in criteria or []:
+            if isinstance(criterion, MaxLengthCriteria):
+                self.max_length = min(self.max_length or criterion.max_length, criterion.max_length)
+            elif isinstance(criterion, EosTokenCriteria):
+                self.eos_ids |= {int(t) for t in criterion.eos_token_id.flatten().tolist()}
+            else:
+                self.others.append(criterion)
 
-    def view(self, row: int) -> torch.Tensor:
-        """Row's sequence as plain batched generate would hold it: padded prompt + generated so far."""
-        gen = torch.tensor(self.generated[row], dtype=torch.long, device=self.prompt_rows[row].device)
-        return torch.cat([self.prompt_rows[row], gen])
-
-    def own_view(self, row: int) -> torch.Tensor:
-        """The row's own tokens, without the batch's left padding: what logits processors see when the row is
-        generated alone (a repetition penalty must not count padding as repeated content)."""
-        return self.view(row)[self.num_pad[row]:]
-
-    def sequences(self) -> torch.Tensor:
-        width = max(len(g) for g in self.generated)
-        rows = [torch.cat([p, torch.tensor(g + [self.pad_token_id] * (width - len(g)), dtype=torch.long,
-                                           device=p.device)]) for p, g in zip(self.prompt_rows, self.generated)]
-        return torch.stack(rows)
+    def commit(self, tokens: RowTokens, row: int, new: list[int]) -> tuple[int, bool]:
+        """Append ``new`` to the row one token at a time; returns (tokens committed, whether the row stopped)."""
+        for i, token in enumerate(new):
+            tokens.append(row, [token])
+            length = tokens.lengths[row]
+            if token in self.eos_ids or (self.max_length is not None and length >= self.max_length):
+                return i + 1, True
+            if self.others and any(bool(c(tokens.view(row)[None], None).any()) for c in self.others):
+                return i + 1, True
+        return len(new), False
 
 
-def _commit(rows: _Rows, row: int, tokens: list[int], stopping_criteria, scores=None, raw=None) -> int:
-    """Append tokens one at a time, checking stopping criteria after each (as plain generate does).
-    Returns how many were committed before the row stopped (or all)."""
-    for i, token in enumerate(tokens):
-        rows.generated[row].append(token)
-        if scores is not None:
-            rows.scores[row].append(scores[i])
-        if raw is not None:
-            rows.raw_logits[row].append(raw[i])
-        if stopping_criteria is not None and bool(stopping_criteria(rows.view(row)[None], None).any()):
-            rows.finished[row] = True
-            return i + 1
-    return len(tokens)
-
-
-def _sample_or_argmax(logits: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
-    if do_sample:
-        return torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator).squeeze(-1)
-    return logits.argmax(-1)
+def _default_policy(drafter, num_tokens: int | None, threshold: float | None) -> VerifyPolicy:
+    """The threshold policy: drafts stop at the first slot whose calibrated confidence is below the threshold
+    (the drafter config's ``confidence_threshold`` unless given; > 1 never drafts), at most ``num_tokens``."""
+    threshold = drafter.config.confidence_threshold if threshold is None else threshold
+    return ThresholdPolicy(threshold, num_tokens=num_tokens, max_threshold=math.inf)
 
 
 def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
                   generation_config=None, dspark_drafter=None, dspark_streamer=None, dspark_generator=None,
                   dspark_recorder=None, dspark_num_tokens: int | None = None,
-                  dspark_confidence_threshold: float | None = None, tokenizer=None, **model_kwargs):
+                  dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
+                  dspark_sequential_top_k: int | None = None, tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
-    ``dspark_num_tokens`` fixes the drafts proposed per round (≤ block size; default: the whole block) and
+    ``dspark_num_tokens`` caps the drafts proposed per round (0 = no drafting; default: the block) and
     ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose calibrated confidence is below
-    it (default: the drafter config's ``confidence_threshold``); both are plain ``generate`` keyword arguments.
+    it (default: the drafter config's ``confidence_threshold``); ``dspark_policy`` replaces both with any verify
+    policy (an instance or a registered name); ``dspark_sequential_top_k`` overrides the drafter's sequential-bias
+    support (0 = full vocabulary). All are plain ``generate`` keyword arguments.
 
     ``dspark_recorder`` (optional, e.g. ``evaluation.recorder.RoundRecorder``) gets
     ``observe_round(num_proposed [B], num_accepted [B], num_committed [B], confidence_logits [B, γ] | None)``
@@ -121,7 +106,6 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     if drafter is None:
         raise ValueError("dspark_decode needs dspark_drafter= (use target.generate(..., assistant_model=draft)).")
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
-    cache_name = cache_kwarg(model)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     _raise_if_unsupported(model, generation_config, cache)
     cache = cache if cache is not None else DynamicCache(config=model.config)
@@ -131,113 +115,101 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     pad = generation_config._pad_token_tensor
     eos = generation_config._eos_token_tensor
     pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
+    if dspark_policy is None:
+        policy = _default_policy(drafter, dspark_num_tokens, dspark_confidence_threshold)
+    else:
+        policy = make_policy(dspark_policy) if isinstance(dspark_policy, str) else dspark_policy
 
     stats = DSparkStats.new(drafter.config.block_size)
     drafter.stats = stats
-    bsz = input_ids.shape[0]
-    device = input_ids.device
+    bsz, device = input_ids.shape[0], input_ids.device
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask.to(torch.long)
-    rows = _Rows(input_ids, mask, pad_id)
-    row_processors = adapt_for_rows(logits_processor, rows.num_pad)  # per original row, for unpadded views
+    stop = StopRules(stopping_criteria, generation_config.max_length)
+    max_length = stop.max_length or input_ids.shape[1] + (generation_config.max_new_tokens or 0)
+    row_processors = adapt_for_rows(logits_processor, (mask.cumsum(-1) == 0).sum(-1).tolist())
+    reads_ids = not RowLogitsProcessor(row_processors[0] if row_processors else None, []).ids_independent
+    tokens = RowTokens(input_ids, mask, capacity=max_length + drafter.config.block_size + 2,
+                       mirror=reads_ids or bool(stop.others))
+    scores = [[] for _ in range(bsz)] if want_scores else None
+    raw_logits = [[] for _ in range(bsz)] if want_logits else None
     if dspark_streamer is not None:
         if bsz > 1:
             raise ValueError("Streamers support batch size 1 only (as in transformers).")
         dspark_streamer.put(input_ids.cpu())
 
     with TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
-        # -- prefill ------------------------------------------------------------------------------------
+        # -- prefill ------------------------------------------------------------------------------------------
         start = time.perf_counter()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{cache_name: cache})
-        raw = out.logits[:, -1].float()
-        processed = RowLogitsProcessor(row_processors, [rows.own_view(b) for b in range(bsz)])(
-            input_ids[:, :0], raw.clone())
-        first = _sample_or_argmax(processed, do_sample, dspark_generator)
-        next_ids = torch.cat([input_ids[:, 1:], first[:, None]], dim=1)  # the token after each prompt position
-        draft_cache = drafter.extend_context(DraftCache(), tap.features(), positions, mask.bool(), next_ids)
+        first_processor = RowLogitsProcessor(row_processors, tokens=tokens, rows=list(range(bsz)))
+        processed = {}
+
+        def pick_first(logits: torch.Tensor) -> torch.Tensor:
+            processed["logits"] = first_processor(input_ids[:, :0], logits.clone())
+            return pick_tokens(processed["logits"], do_sample, dspark_generator)
+
+        raw, first, draft_cache = prefill(model, input_ids, positions, cache, pick_first=pick_first,
+                                          attention_mask=mask, tap=tap, drafter=drafter, draft_cache=DraftCache(),
+                                          valid=mask.bool(), counts=[tokens.prompt_length - p for p in tokens.num_pad])
+        draft_cache.reserve(max_length + drafter.config.block_size + 1)
         stats.prefill_seconds += time.perf_counter() - start
-        for b in range(bsz):
-            _commit(rows, b, [int(first[b])], stopping_criteria, processed[b:b + 1], raw[b:b + 1])
+        active = []
+        for b, token in enumerate(first.tolist()):
+            _, finished = stop.commit(tokens, b, [token])
+            _record_scores(scores, raw_logits, b, processed["logits"][b:b + 1], raw[b:b + 1])
+            if not finished:
+                active.append(b)
         if dspark_streamer is not None:
             dspark_streamer.put(first.cpu())
+        batch = RaggedBatch(model.config, device)
+        own_lengths = [tokens.prompt_length - p for p in tokens.num_pad]
+        batch.start(cache, mask, first, positions[:, -1] + 1, host_valid=own_lengths, host_positions=own_lengths,
+                    draft_cache=draft_cache)
+        batch.keep(active)
 
-        active = torch.tensor([b for b in range(bsz) if not rows.finished[b]], dtype=torch.long, device=device)
-        if len(active) < bsz:
-            cache.batch_select_indices(active)
-            draft_cache = draft_cache.select_rows(active)
-            mask = mask[active]
-        anchor = first[active]
-        anchor_pos = positions[active, -1] + 1
-        max_length = generation_config.max_length
-
-        while len(active):
-            act = active.tolist()
-            # slot k of the draft and position k of the verify pass see the same ids: own prefix + drafts[:k]
-            processor = RowLogitsProcessor([row_processors[b] for b in act], [rows.own_view(b) for b in act])
-            # -- draft ----------------------------------------------------------------------------------
-            start = time.perf_counter()
-            # tokens still allowed, counted on the padded view as max_length is (no tensor built per row)
-            budget = torch.tensor([max_length - len(rows.prompt_rows[b]) - len(rows.generated[b]) for b in act],
-                                  device=device)
-            block = drafter.draft_block(draft_cache, anchor, anchor_pos, do_sample=do_sample,
-                                        logits_processor=processor, generator=dspark_generator,
-                                        num_tokens=dspark_num_tokens, confidence_threshold=dspark_confidence_threshold)
-            num_drafts = torch.minimum(block.num_drafts, (budget - 1).clamp(min=0))
-            width = int(num_drafts.max()) + 1
-            drafts = block.tokens[:, :width - 1]
-            stats.draft_seconds += time.perf_counter() - start
-            # -- verify: one target forward over [anchor, drafts] for every row -------------------------
-            start = time.perf_counter()
-            verify_ids = torch.cat([anchor[:, None], drafts], dim=1)
-            verify_pos = anchor_pos[:, None] + torch.arange(width, device=device)
-            full_mask = torch.cat([mask, torch.ones_like(verify_ids)], dim=1)
-            out = model(input_ids=verify_ids, attention_mask=full_mask, position_ids=verify_pos, use_cache=True,
-                        logits_to_keep=width, **{cache_name: cache})
-            raw = out.logits[:, -width:].float()
-            target_logits = processor.process_positions(drafts, raw.clone())
-            probs = block.draft_probs[:, :width - 1] if do_sample else None
-            result = verify(drafts, num_drafts, target_logits, probs, do_sample=do_sample, generator=dspark_generator)
-            stats.verify_seconds += time.perf_counter() - start
-            # -- commit ---------------------------------------------------------------------------------
-            committed = torch.zeros_like(num_drafts)
-            streamed = []
-            for i, b in enumerate(act):
-                n = int(result.num_accepted[i]) + 1
-                tokens = result.output_tokens[i, :n].tolist()
-                committed[i] = _commit(rows, b, tokens, stopping_criteria,
-                                       target_logits[i, :n] if want_scores else None, raw[i, :n] if want_logits else None)
-                streamed = tokens[: int(committed[i])]
-            stats.observe_round(num_drafts, result.num_accepted, committed)
+        round_ = SpeculativeRound(model, drafter, policy, tap=tap, verify_fn=verify,
+                                  sequential_top_k=dspark_sequential_top_k)
+        while active:
+            processor = RowLogitsProcessor([row_processors[b] for b in active], tokens=tokens, rows=active)
+            budgets = [max_length - tokens.lengths[b] for b in active]
+            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator)
+            committed, still = [], []
+            for i, b in enumerate(active):
+                n, finished = stop.commit(tokens, b, result.tokens[i])
+                committed.append(n)
+                _record_scores(scores, raw_logits, b, result.target_logits[i, :n], result.raw_logits[i, :n])
+                if not finished:
+                    still.append(i)
+            stats.observe_round(result.lengths, result.num_accepted, committed)
+            stats.draft_seconds += result.draft_seconds
+            stats.verify_seconds += result.verify_seconds
             if dspark_recorder is not None:
-                dspark_recorder.observe_round(num_drafts, result.num_accepted, committed, block.confidence_logits)
-            if dspark_streamer is not None and streamed:
-                dspark_streamer.put(torch.tensor(streamed))
-            # target KV of anchor + accepted drafts stays valid; the rest of this round's slots become holes
-            kept = torch.arange(width, device=device)[None, :] <= result.num_accepted[:, None]
-            mask = torch.cat([mask, kept.long()], dim=1)
-            next_ids = torch.where(kept, result.output_tokens[:, :width], 0)  # accepted drafts, then the new token
-            draft_cache = drafter.extend_context(draft_cache, tap.features()[:, :width], verify_pos, kept, next_ids)
-            anchor, anchor_pos = result.next_tokens, anchor_pos + result.num_accepted + 1
-            # -- shrink: drop finished rows, crop trailing holes shared by every row ---------------------
-            still = torch.tensor([not rows.finished[b] for b in act], dtype=torch.bool, device=device)
-            if not bool(still.all()):
-                keep_idx = still.nonzero().squeeze(-1)
-                active, anchor, anchor_pos, mask = active[keep_idx], anchor[keep_idx], anchor_pos[keep_idx], mask[keep_idx]
-                if len(active):
-                    cache.batch_select_indices(keep_idx)
-                    draft_cache = draft_cache.select_rows(keep_idx)
-            if len(active):
-                mask = crop_trailing_holes(cache, mask)
+                block = result.block
+                dspark_recorder.observe_round(torch.tensor(result.lengths), torch.tensor(result.num_accepted),
+                                              torch.tensor(committed),
+                                              block.confidence_logits if block is not None else None)
+            if dspark_streamer is not None and committed[0]:
+                dspark_streamer.put(torch.tensor(result.tokens[0][: committed[0]]))
+            batch.keep(still)
+            active = [active[i] for i in still]
+            if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
+                batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
 
     if dspark_streamer is not None:
         dspark_streamer.end()
     stats.log()
-    sequences = rows.sequences()
+    sequences = tokens.sequences(pad_id, device)
     if not generation_config.return_dict_in_generate:
         return sequences
-    return _build_output(sequences, rows, want_scores, want_logits, cache)
+    return _build_output(sequences, scores, raw_logits)
+
+
+def _record_scores(scores, raw_logits, row: int, processed: torch.Tensor, raw: torch.Tensor) -> None:
+    if scores is not None:
+        scores[row].extend(processed)
+    if raw_logits is not None:
+        raw_logits[row].extend(raw)
 
 
 def _stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
@@ -248,12 +220,12 @@ def _stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
                  for t in range(steps))
 
 
-def _build_output(sequences, rows: _Rows, want_scores: bool, want_logits: bool, cache):
+def _build_output(sequences, scores, raw_logits):
     kwargs = {"sequences": sequences}
-    if want_scores:
-        kwargs["scores"] = _stack_steps(rows.scores)
-    if want_logits:
-        kwargs["logits"] = _stack_steps(rows.raw_logits)
+    if scores is not None:
+        kwargs["scores"] = _stack_steps(scores)
+    if raw_logits is not None:
+        kwargs["logits"] = _stack_steps(raw_logits)
     names = {f.name for f in fields(GenerateDecoderOnlyOutput)}
     # The target cache holds masked holes from rejected drafts, so it is not handed back for reuse.
     return GenerateDecoderOnlyOutput(**{k: v for k, v in kwargs.items() if k in names})

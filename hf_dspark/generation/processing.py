@@ -58,19 +58,41 @@ def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int
 
 class RowLogitsProcessor:
     """Per-row processors bound to per-row prefixes: ``self(tail_ids [B, k], logits [B, V])`` processes row b's
-    logits with ``processors[b]`` and input ids ``prefixes[b] + tail_ids[b]``. ``processors`` is one list per row
-    (see :func:`adapt_for_rows`) or a single list shared by all rows."""
+    logits with ``processors[b]`` and input ids ``prefix_b + tail_ids[b]``. ``processors`` is one list per row
+    (see :func:`adapt_for_rows`) or a single list shared by all rows.
 
-    def __init__(self, processors, prefixes: Sequence[torch.Tensor]):
+    Prefixes come either as tensors (``prefixes``) or from a :class:`~.row_tokens.RowTokens` (``tokens`` and the
+    batch's ``rows``): then "prefix + tail" is a slice of its device buffer, built in O(k) instead of
+    concatenating the whole prefix for every slot and position."""
+
+    def __init__(self, processors, prefixes: Sequence[torch.Tensor] | None = None, *, tokens=None,
+                 rows: Sequence[int] | None = None):
         if processors is None or isinstance(processors, LogitsProcessorList):
             self.processors = processors or LogitsProcessorList()
             self.row_processors = None  # one list shared by every row
         else:
             self.row_processors = list(processors)
             self.processors = self.row_processors[0] if self.row_processors else LogitsProcessorList()
-        self.prefixes = prefixes
-        self.is_identity = len(self.processors) == 0
+        self._prefixes = None if prefixes is None else list(prefixes)
+        self.tokens, self.rows = tokens, None if rows is None else list(rows)
+        self.is_identity = len(self.processors) == 0 and not any(self.row_processors or [])
         self.ids_independent = all(isinstance(p, _IDS_INDEPENDENT) for p in self.processors)
+
+    @property
+    def prefixes(self) -> list[torch.Tensor]:
+        """Each row's ids so far (its own tokens, the anchor last)."""
+        if self._prefixes is not None:
+            return self._prefixes
+        return [self.tokens.own_view(row) for row in self.rows]
+
+    @prefixes.setter
+    def prefixes(self, value: Sequence[torch.Tensor]) -> None:
+        self._prefixes = list(value)
+
+    def _ids(self, b: int, tail: torch.Tensor) -> torch.Tensor:
+        if self._prefixes is None:
+            return self.tokens.own_view_with(self.rows[b], tail)
+        return torch.cat([self._prefixes[b], tail])
 
     def __call__(self, tail_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if self.is_identity:
@@ -78,9 +100,9 @@ class RowLogitsProcessor:
         if self.ids_independent:
             return self.processors(tail_ids, logits)
         rows = []
-        for b, prefix in enumerate(self.prefixes):
+        for b in range(logits.shape[0]):
             processors = self.processors if self.row_processors is None else self.row_processors[b]
-            rows.append(processors(torch.cat([prefix, tail_ids[b]])[None], logits[b:b + 1]))
+            rows.append(processors(self._ids(b, tail_ids[b])[None], logits[b:b + 1]))
         return torch.cat(rows, dim=0)
 
     def process_positions(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -11,24 +11,22 @@ problem (``valid`` [R, S] plus per-slot ``positions``) and gets the same three o
 * :func:`stack_rows` puts separately prefilled rows into one batch, left-padding the shorter ones with holes;
 * :func:`compact_rows` packs each row's committed slots to the right, removing holes (a full copy, so the
   engine runs it only when holes have piled up).
+
+:class:`RaggedBatch` is the state object the speculative round works on (``generate`` and the engine's running
+batch): the caches, each row's anchor, and the host-side facts (committed slots, trailing holes, positions) that
+let a round decide cropping and compaction without reading anything back from the device.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..modeling.modeling import DraftCache
-
-
-def cache_kwarg(model) -> str:
-    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name still works but warns)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+from ..modeling.draft_cache import DraftCache
+from ..modeling.target_support import cache_kwarg  # noqa: F401 (re-exported: this is where callers looked for it)
 
 
 def num_trailing_holes(mask: torch.Tensor) -> int:
@@ -116,5 +114,144 @@ def compact_draft_cache(cache: DraftCache) -> DraftCache:
                       cache.valid.gather(1, index), cache.positions.gather(1, index))
 
 
-__all__ = ["cache_kwarg", "compact_draft_cache", "compact_rows", "crop_trailing_holes", "num_trailing_holes",
+class RaggedBatch:
+    """Rows of a speculative batch sharing one target cache (``mask`` [R, S]: 1 = a committed token's K/V,
+    0 = a hole) and one drafter cache; ``anchors`` [R] are each row's last committed token (not cached yet) at
+    ``anchor_positions`` [R]. Host mirrors (``host_*``) track what the round needs to decide without a device
+    read: committed slots per row, trailing holes per row, anchor positions.
+
+    The drafter context of committed slots is deferred (:meth:`defer_context`) and projected in one batched
+    call when drafts are next wanted (:meth:`flush_context`): while a policy skips the drafter, extending its
+    context every round would be pure overhead.
+    """
+
+    def __init__(self, config, device: torch.device):
+        self.config = config
+        self.device = device
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [R, S]
+        self.draft_cache: DraftCache | None = None
+        self.anchors = torch.zeros(0, dtype=torch.long, device=device)  # [R]
+        self.anchor_positions = torch.zeros(0, dtype=torch.long, device=device)  # [R]
+        self.host_valid: list[int] = []  # committed slots per row in the target cache
+        self.host_trailing: list[int] = []  # trailing holes per row
+        self.host_positions: list[int] = []  # anchor position per row
+        self._pending: list[tuple[torch.Tensor, ...]] = []  # deferred (features, positions, valid, next_ids, counts)
+
+    def __len__(self) -> int:
+        return self.anchors.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.mask.shape[1]
+
+    def start(self, cache: DynamicCache, mask: torch.Tensor, anchors: torch.Tensor, anchor_positions: torch.Tensor,
+              host_valid: Sequence[int], host_positions: Sequence[int], draft_cache: DraftCache | None = None,
+              host_trailing: Sequence[int] | None = None) -> None:
+        """Install freshly prefilled rows (replacing whatever the batch held)."""
+        self.cache, self.mask, self.draft_cache = cache, mask, draft_cache
+        self.anchors, self.anchor_positions = anchors, anchor_positions
+        self.host_valid, self.host_positions = list(host_valid), list(host_positions)
+        self.host_trailing = list(host_trailing) if host_trailing is not None else [0] * len(self.host_valid)
+        self._pending = []
+
+    def _reset(self) -> None:
+        self.cache, self.draft_cache = None, None
+        self.mask = self.mask.new_zeros(0, 0)
+        self.anchors, self.anchor_positions = self.anchors[:0], self.anchor_positions[:0]
+        self.host_valid, self.host_trailing, self.host_positions = [], [], []
+        self._pending = []
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (finished and cancelled rows leave; host ints, in order)."""
+        rows = list(rows)
+        if len(rows) == len(self):
+            return
+        if not rows:
+            self._reset()
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.select_rows(rows)
+        self._pending = [tuple(t[index] if isinstance(t, torch.Tensor) else [t[r] for r in rows] for t in part)
+                         for part in self._pending]
+        self.anchors, self.anchor_positions = self.anchors[index], self.anchor_positions[index]
+        self.host_valid = [self.host_valid[r] for r in rows]
+        self.host_trailing = [self.host_trailing[r] for r in rows]
+        self.host_positions = [self.host_positions[r] for r in rows]
+        self._crop_shared_trailing_holes()  # the rows that left may have been the only ones using the last columns
+
+    def commit_round(self, kept: torch.Tensor, next_tokens: torch.Tensor, num_accepted: torch.Tensor,
+                     host_accepted: Sequence[int] | None = None) -> None:
+        """After a verify forward appended W slots per row: keep the slots of the anchor and the accepted drafts
+        (``kept`` [R, W]), advance anchors to the recovered / bonus tokens, crop holes shared by every row.
+        ``host_accepted`` (the accepted counts as host ints) keeps the host mirrors exact without a device read."""
+        width = kept.shape[1]
+        if host_accepted is None:
+            host_accepted = num_accepted.tolist()
+        self.mask = torch.cat([self.mask, kept.to(self.mask.dtype)], dim=1)
+        self.host_valid = [v + a + 1 for v, a in zip(self.host_valid, host_accepted)]
+        self.host_trailing = [width - 1 - a for a in host_accepted]  # the anchor slot is always kept
+        self.host_positions = [p + a + 1 for p, a in zip(self.host_positions, host_accepted)]
+        self.anchors = next_tokens
+        self.anchor_positions = self.anchor_positions + num_accepted + 1
+        self._crop_shared_trailing_holes()
+
+    def _crop_shared_trailing_holes(self) -> None:
+        trailing = min(self.host_trailing, default=0)
+        if trailing:
+            self.cache.crop(-trailing)  # transformers >= 5.24: a negative count is the number of slots to drop
+            self.mask = self.mask[:, :-trailing]
+            self.host_trailing = [t - trailing for t in self.host_trailing]
+
+    # -- drafter context --------------------------------------------------------------------------------------
+    @property
+    def num_deferred_steps(self) -> int:
+        return len(self._pending)
+
+    def defer_context(self, features: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                      next_ids: torch.Tensor | None = None, counts: Sequence[int] | None = None) -> None:
+        """Remember one round's target features [R, W, m·d] (slots at ``positions``, committed where ``valid``;
+        ``next_ids`` the token after each slot, for autoregressive drafters; ``counts`` the committed slots per
+        row on the host); nothing is computed until :meth:`flush_context`."""
+        self._pending.append((features, positions, valid, next_ids, None if counts is None else list(counts)))
+
+    def flush_context(self, draft) -> None:
+        """Project every deferred round into ``draft_cache`` at once, packed (slot order is irrelevant to the
+        drafter: its attention masks by position and validity)."""
+        if not self._pending:
+            return
+        features, positions, valid = (torch.cat([part[i] for part in self._pending], dim=1) for i in range(3))
+        has_next = all(part[3] is not None for part in self._pending)
+        next_ids = torch.cat([part[3] for part in self._pending], dim=1) if has_next else None
+        host_counts = [part[4] for part in self._pending]
+        counts = [sum(c) for c in zip(*host_counts)] if all(c is not None for c in host_counts) else None
+        self._pending = []
+        cache = self.draft_cache if self.draft_cache is not None else DraftCache()
+        self.draft_cache = draft.extend_context(cache, features, positions, valid, next_ids, packed=True,
+                                                counts=counts)
+
+    # -- holes ------------------------------------------------------------------------------------------------
+    def removable_slots(self) -> int:
+        """Slot columns compaction would free: width minus the longest row's committed slots."""
+        return self.num_slots - max(self.host_valid) if len(self) else 0
+
+    def compact_if_needed(self, next_width: int, slot_budget: int, max_hole_fraction: float) -> bool:
+        """Pack rows when the next round would exceed ``slot_budget`` columns or holes exceed the fraction (the
+        drafter cache, whose holes come from the same rows, is packed with it)."""
+        if not len(self):
+            return False
+        too_wide = self.num_slots + next_width > slot_budget
+        if not too_wide and self.removable_slots() <= max_hole_fraction * max(self.num_slots, 1):
+            return False
+        self.cache, self.mask = compact_rows(self.cache, self.mask, self.config)
+        self.host_trailing = [0] * len(self)
+        if self.draft_cache is not None and self.draft_cache.num_slots:
+            self.draft_cache = compact_draft_cache(self.draft_cache)
+        return True
+
+
+__all__ = ["RaggedBatch", "cache_kwarg", "compact_draft_cache", "compact_rows", "crop_trailing_holes", "num_trailing_holes",
            "packing_index", "stack_draft_rows", "stack_rows"]

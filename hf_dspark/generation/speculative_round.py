@@ -1,0 +1,178 @@
+"""THE speculative round, shared by ``generate`` (one batch of prompts) and the serving engine (requests joining
+and leaving): propose → choose per-row widths → one target forward → verify → extend the drafter context.
+
+    drafts, c    = drafter.draft_block(context, anchors)            (skipped when the policy says it cannot pay)
+    ℓ_r          = policy.choose(c, min(drafts_r, budget_r - 1))   (host; read 1: drafts proposed + confidences)
+    p            = target([anchor_r, x_r,1..ℓ_r] for every row)      (one padded forward, width 1 + max ℓ)
+    accepted     = verify(x, ℓ, p, q)                              (greedy matching or rejection sampling)
+    tokens_r     = accepted drafts + recovered / bonus token          (host; read 2: accepted counts + tokens)
+    batch        <- holes for rejected slots, new anchors, drafter context deferred
+
+Two device→host reads per round, whatever the batch size and τ: everything the host needs after verification
+(how many drafts each row accepted and which tokens it commits) travels in one packed transfer, and what the host
+derives from it (trailing holes, positions, finished rows) never needs another. The caller commits ``tokens_r``
+with its own stopping rules (EOS, length, stop strings) and drops finished rows with ``batch.keep``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..modeling.drafting import DraftBlock
+from ..modeling.target_support import cache_kwarg
+from ..scheduling.step_cost import SPSProfile, StepCostProfile
+from .ragged_batch import RaggedBatch
+from .verification import verify as default_verify
+
+
+@dataclass
+class RoundResult:
+    """What one round did, on the host. Per row: ``lengths`` drafts verified (ℓ_r), ``num_accepted`` of them
+    accepted, ``tokens`` = accepted drafts + the recovered / bonus token (before any stopping rule)."""
+
+    width: int  # verify width 1 + max ℓ
+    lengths: list[int]
+    num_accepted: list[int]
+    tokens: list[list[int]]
+    block: DraftBlock | None  # the drafter's proposal (None when the round skipped the drafter)
+    confidence: np.ndarray | None  # [R, γ''] calibrated confidences read to the host (None without a head)
+    raw_logits: torch.Tensor  # [R, W, V] the target's logits (device)
+    target_logits: torch.Tensor  # [R, W, V] after the logits processors (device)
+    draft_seconds: float
+    verify_seconds: float
+
+
+class SpeculativeRound:
+    """Runs rounds for one target + drafter under one verify policy (see the module docstring).
+
+    Args:
+        target: the causal LM; ``tap`` records its tapped layers on every forward (None without a drafter).
+        drafter: a drafter with ``draft_block`` / ``extend_context`` (None: plain decoding rounds).
+        policy: a :class:`~hf_dspark.scheduling.VerifyPolicy`; ``cost`` is what it prices rounds with (a step-cost
+            profile, an SPS table, or None for cost-blind policies; a callable is resolved on first use so
+            cost-blind rounds never pay for profiling).
+        verify_fn: the verification routine (``verification.verify``; injectable so tests can hand it a wrong q).
+        observe_time: report each round's wall time to the policy next to the cost's prediction.
+        sequential_top_k: per-call override of the drafter's sequential-bias support (None: its config).
+        max_deferred_rounds: rounds of target features kept unprojected while the drafter is skipped.
+    """
+
+    def __init__(self, target, drafter, policy, *, tap=None, cost=None, verify_fn=None, observe_time: bool = False,
+                 sequential_top_k: int | None = None, max_deferred_rounds: int = 64):
+        self.target, self.drafter, self.policy, self.tap = target, drafter, policy, tap
+        self._cost = cost
+        self.verify_fn = verify_fn or default_verify
+        self.observe_time = observe_time
+        self.sequential_top_k = sequential_top_k
+        self.max_deferred_rounds = max_deferred_rounds
+        self.cache_name = cache_kwarg(target)
+        self.block_size = drafter.config.block_size if drafter is not None else 0
+        self.max_drafts = policy.max_drafts(self.block_size) if drafter is not None else 0
+
+    @property
+    def cost(self):
+        """The policy's cost model; a factory given at construction is called once, on first use."""
+        if self._cost is not None and not isinstance(self._cost, (SPSProfile, StepCostProfile)):
+            self._cost = self._cost()
+        return self._cost
+
+    def run(self, batch: RaggedBatch, processor, budgets: Sequence[int], *, do_sample: bool | Sequence[bool],
+            generator=None, step: int | None = None) -> RoundResult:
+        """One round for every row of ``batch``. ``budgets[r]``: tokens row r may still commit (≥ 1); the round
+        never proposes more than ``budgets[r] - 1`` drafts (it always adds a recovered / bonus token).
+        ``do_sample``: one mode for the batch or one per row; ``generator``: shared or one per row."""
+        start = time.perf_counter()
+        rows = len(batch)
+        per_row = not isinstance(do_sample, bool)
+        any_sampled = any(do_sample) if per_row else do_sample
+        block, confidence, lengths = None, None, [0] * rows
+        if self.max_drafts and self.policy.wants_drafts(rows, self.cost if self.policy.needs_step_cost else None):
+            block, confidence, lengths = self._propose(batch, processor, budgets, do_sample, any_sampled, generator,
+                                                       step)
+        width = 1 + max(lengths, default=0)
+        drafts = block.tokens[:, : width - 1] if block is not None else batch.anchors.new_zeros(rows, 0)
+        mid = time.perf_counter()
+
+        # -- verify: one target forward over [anchor, drafts] for every row --------------------------------------
+        positions = batch.anchor_positions[:, None] + torch.arange(width, device=batch.device)  # [R, W]
+        out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1),
+                          attention_mask=torch.cat([batch.mask, batch.mask.new_ones(rows, width)], dim=1),
+                          position_ids=positions, use_cache=True, logits_to_keep=width,
+                          **{self.cache_name: batch.cache})
+        raw = out.logits[:, -width:].float()
+        target_logits = raw if processor.is_identity else processor.process_positions(drafts, raw.clone())
+        lengths_dev = torch.tensor(lengths, dtype=torch.long, device=batch.device)
+        probs = block.draft_probs[:, : width - 1] if (block is not None and any_sampled) else (
+            raw.new_zeros(rows, width - 1, raw.shape[-1]) if any_sampled else None)
+        result = self.verify_fn(drafts, lengths_dev, target_logits, probs, do_sample=list(do_sample) if per_row
+                                else do_sample, generator=generator, host_num_drafts=lengths)
+        host = torch.cat([result.num_accepted[:, None], result.output_tokens[:, :width]], dim=1).tolist()  # read 2
+        num_accepted = [row[0] for row in host]
+        tokens = [row[1:2 + a] for row, a in zip(host, num_accepted)]
+
+        # -- the batch after the round ---------------------------------------------------------------------------
+        kept = torch.arange(width, device=batch.device)[None, :] <= result.num_accepted[:, None]  # anchor + accepted
+        if self.drafter is not None:
+            next_ids = torch.where(kept, result.output_tokens[:, :width], 0)  # the committed token after each slot
+            batch.defer_context(self.tap.features()[:, :width], positions, kept, next_ids,
+                                counts=[a + 1 for a in num_accepted])
+            if batch.num_deferred_steps >= self.max_deferred_rounds:
+                batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
+        batch.commit_round(kept, result.next_tokens, result.num_accepted, host_accepted=num_accepted)
+        if confidence is not None:
+            self.policy.observe(confidence, np.asarray(lengths), np.asarray(num_accepted))
+        end = time.perf_counter()
+        if self.observe_time and self.policy.needs_step_cost:
+            cost = self.cost
+            predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
+            self.policy.observe_step(block is not None, predicted, end - start)
+        return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
+                           draft_seconds=mid - start, verify_seconds=end - mid)
+
+    def _propose(self, batch: RaggedBatch, processor, budgets, do_sample, any_sampled: bool, generator,
+                 step) -> tuple[DraftBlock, np.ndarray | None, list[int]]:
+        """Draft for every row in one pass, read what the policy needs (read 1), let it choose ℓ_r."""
+        batch.flush_context(self.drafter)
+        greedy_rows = [not s for s in do_sample] if not isinstance(do_sample, bool) else None
+        block = self.drafter.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
+                                         num_tokens=self.max_drafts, do_sample=any_sampled,
+                                         logits_processor=processor, generator=generator if any_sampled else None,
+                                         confidence_threshold=self.policy.draft_threshold(),
+                                         greedy_rows=greedy_rows, sequential_top_k=self.sequential_top_k)
+        if block.confidence is not None:
+            packed = torch.cat([block.num_drafts[:, None].to(block.confidence.dtype), block.confidence], dim=1)
+            packed = packed.double().cpu().numpy()  # read 1
+            proposed, confidence = packed[:, 0].astype(np.int64), packed[:, 1:]
+        else:
+            proposed, confidence = block.num_drafts.cpu().numpy(), None  # read 1
+        max_lengths = np.minimum(proposed, np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0))
+        cost = self.cost if self.policy.needs_step_cost else None
+        chosen = self.policy.choose(confidence, max_lengths, cost, step=step)
+        chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
+        return block, confidence, [int(x) for x in chosen]
+
+
+def prefill(target, input_ids: torch.Tensor, positions: torch.Tensor, cache, *, pick_first=None,
+            following_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, tap=None,
+            drafter=None, draft_cache=None, valid: torch.Tensor | None = None, counts: Sequence[int] | None = None):
+    """A prompt (or a chunk of one) through the target into ``cache``, and its tapped features into the drafter
+    context (packed: padding never enters it). The token after the chunk's last position is ``following_ids``
+    [B] when known (the next chunk's first prompt token), else ``pick_first(logits [B, V]) -> [B]`` picks it
+    (the first generated token). Returns (last position's logits [B, V] fp32, that token [B], drafter cache)."""
+    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                 logits_to_keep=1, **{cache_kwarg(target): cache})
+    logits = out.logits[:, -1].float()
+    following = following_ids if following_ids is not None else pick_first(logits)
+    if drafter is not None:
+        next_ids = torch.cat([input_ids[:, 1:], following[:, None]], dim=1)  # the token after each position
+        draft_cache = drafter.extend_context(draft_cache, tap.features(), positions, valid, next_ids, packed=True,
+                                             counts=counts)
+    return logits, following, draft_cache
+
+
+__all__ = ["RoundResult", "SpeculativeRound", "prefill"]
