@@ -168,12 +168,11 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                     draft_cache=draft_cache)
         batch.keep(active)
 
-        round_ = SpeculativeRound(model, drafter, policy, tap=tap, verify_fn=verify,
-                                  sequential_top_k=dspark_sequential_top_k)
+        round_ = SpeculativeRound(model, drafter, policy, verify_fn=verify, sequential_top_k=dspark_sequential_top_k)
         while active:
             processor = RowLogitsProcessor([row_processors[b] for b in active], tokens=tokens, rows=active)
             budgets = [max_length - tokens.lengths[b] for b in active]
-            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator)
+            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator, tap=tap)
             committed, still = [], []
             for i, b in enumerate(active):
                 n, finished = stop.commit(tokens, b, result.tokens[i])

@@ -102,7 +102,9 @@ def stack_draft_rows(parts: Sequence[DraftCache]) -> DraftCache:
     values = [torch.cat([_left_pad(p.values[i], width, 2) for p in parts]) for i in range(num_layers)]
     valid = torch.cat([_left_pad(p.valid, width, 1, value=False) for p in parts])
     positions = torch.cat([_left_pad(p.positions, width, 1) for p in parts])
-    return DraftCache(keys, values, valid, positions)
+    has_tail = all(p.tail is not None for p in parts)  # autoregressive drafters: each row's last entry state
+    return DraftCache(keys, values, valid, positions, torch.cat([p.tail for p in parts]) if has_tail else None,
+                      torch.cat([p.tail_positions for p in parts]) if has_tail else None)
 
 
 def compact_draft_cache(cache: DraftCache) -> DraftCache:
@@ -111,7 +113,8 @@ def compact_draft_cache(cache: DraftCache) -> DraftCache:
         return cache
     index = packing_index(cache.valid)
     return DraftCache([_gather_slots(k, index) for k in cache.keys], [_gather_slots(v, index) for v in cache.values],
-                      cache.valid.gather(1, index), cache.positions.gather(1, index))
+                      cache.valid.gather(1, index), cache.positions.gather(1, index), cache.tail,
+                      cache.tail_positions)
 
 
 class RaggedBatch:
@@ -162,21 +165,32 @@ class RaggedBatch:
         self.host_valid, self.host_trailing, self.host_positions = [], [], []
         self._pending = []
 
+    def _complete_host_state(self) -> None:
+        """Fill host mirrors a caller did not provide (rows set up by hand) from the device state, once."""
+        rows = self.mask.shape[0]
+        if len(self.host_valid) != rows:
+            self.host_valid = self.mask.sum(1).tolist()
+        if len(self.host_trailing) != rows:
+            self.host_trailing = (self.mask.flip(1).cumsum(1) == 0).sum(1).tolist()
+        if len(self.host_positions) != rows:
+            self.host_positions = self.anchor_positions.tolist()
+
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (finished and cancelled rows leave; host ints, in order)."""
         rows = list(rows)
-        if len(rows) == len(self):
+        if len(rows) == self.mask.shape[0]:
             return
         if not rows:
             self._reset()
             return
+        self._complete_host_state()
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(rows)
-        self._pending = [tuple(t[index] if isinstance(t, torch.Tensor) else [t[r] for r in rows] for t in part)
-                         for part in self._pending]
+        self._pending = [tuple(t[index] if isinstance(t, torch.Tensor) else None if t is None else [t[r] for r in rows]
+                               for t in part) for part in self._pending]
         self.anchors, self.anchor_positions = self.anchors[index], self.anchor_positions[index]
         self.host_valid = [self.host_valid[r] for r in rows]
         self.host_trailing = [self.host_trailing[r] for r in rows]
@@ -189,6 +203,7 @@ class RaggedBatch:
         (``kept`` [R, W]), advance anchors to the recovered / bonus tokens, crop holes shared by every row.
         ``host_accepted`` (the accepted counts as host ints) keeps the host mirrors exact without a device read."""
         width = kept.shape[1]
+        self._complete_host_state()
         if host_accepted is None:
             host_accepted = num_accepted.tolist()
         self.mask = torch.cat([self.mask, kept.to(self.mask.dtype)], dim=1)

@@ -51,7 +51,7 @@ class SpeculativeRound:
     """Runs rounds for one target + drafter under one verify policy (see the module docstring).
 
     Args:
-        target: the causal LM; ``tap`` records its tapped layers on every forward (None without a drafter).
+        target: the causal LM.
         drafter: a drafter with ``draft_block`` / ``extend_context`` (None: plain decoding rounds).
         policy: a :class:`~hf_dspark.scheduling.VerifyPolicy`; ``cost`` is what it prices rounds with (a step-cost
             profile, an SPS table, or None for cost-blind policies; a callable is resolved on first use so
@@ -62,9 +62,9 @@ class SpeculativeRound:
         max_deferred_rounds: rounds of target features kept unprojected while the drafter is skipped.
     """
 
-    def __init__(self, target, drafter, policy, *, tap=None, cost=None, verify_fn=None, observe_time: bool = False,
+    def __init__(self, target, drafter, policy, *, cost=None, verify_fn=None, observe_time: bool = False,
                  sequential_top_k: int | None = None, max_deferred_rounds: int = 64):
-        self.target, self.drafter, self.policy, self.tap = target, drafter, policy, tap
+        self.target, self.drafter, self.policy = target, drafter, policy
         self._cost = cost
         self.verify_fn = verify_fn or default_verify
         self.observe_time = observe_time
@@ -82,10 +82,11 @@ class SpeculativeRound:
         return self._cost
 
     def run(self, batch: RaggedBatch, processor, budgets: Sequence[int], *, do_sample: bool | Sequence[bool],
-            generator=None, step: int | None = None) -> RoundResult:
+            generator=None, tap=None, step: int | None = None) -> RoundResult:
         """One round for every row of ``batch``. ``budgets[r]``: tokens row r may still commit (≥ 1); the round
         never proposes more than ``budgets[r] - 1`` drafts (it always adds a recovered / bonus token).
-        ``do_sample``: one mode for the batch or one per row; ``generator``: shared or one per row."""
+        ``do_sample``: one mode for the batch or one per row; ``generator``: shared or one per row; ``tap``: the
+        target feature tap the drafter context is read from (None without a drafter)."""
         start = time.perf_counter()
         rows = len(batch)
         per_row = not isinstance(do_sample, bool)
@@ -119,7 +120,7 @@ class SpeculativeRound:
         kept = torch.arange(width, device=batch.device)[None, :] <= result.num_accepted[:, None]  # anchor + accepted
         if self.drafter is not None:
             next_ids = torch.where(kept, result.output_tokens[:, :width], 0)  # the committed token after each slot
-            batch.defer_context(self.tap.features()[:, :width], positions, kept, next_ids,
+            batch.defer_context(tap.features()[:, :width], positions, kept, next_ids,
                                 counts=[a + 1 for a in num_accepted])
             if batch.num_deferred_steps >= self.max_deferred_rounds:
                 batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
@@ -152,7 +153,9 @@ class SpeculativeRound:
             proposed, confidence = block.num_drafts.cpu().numpy(), None  # read 1
         max_lengths = np.minimum(proposed, np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0))
         cost = self.cost if self.policy.needs_step_cost else None
-        chosen = self.policy.choose(confidence, max_lengths, cost, step=step)
+        # host tensors (CPU: no device traffic); policies read them as numpy
+        chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
+                                    torch.from_numpy(max_lengths), cost, step=step)
         chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
         return block, confidence, [int(x) for x in chosen]
 

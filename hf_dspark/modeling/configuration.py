@@ -9,9 +9,6 @@ from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
-SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")
-# "block": the parallel DSpark / DFlash backbone; "eagle3": the autoregressive Eagle3-style baseline
-DRAFTER_ARCHITECTURES = ("block", "eagle3")
 # Keys of a target's text config that a drafter never needs (big, or meaningless for a drafter).
 _DROPPED_TARGET_KEYS = ("architectures", "auto_map", "quantization_config", "transformers_version", "_name_or_path",
                         "id2label", "label2id", "task_specific_params", "torch_dtype", "dtype", "output_attentions",
@@ -145,22 +142,27 @@ class DSparkConfig(PretrainedConfig):
 
     # -- validation ---------------------------------------------------------------------------------------
     def _raise_if_invalid(self) -> None:
-        if self.sequential_head not in SEQUENTIAL_HEADS:
-            raise ValueError(f"sequential_head={self.sequential_head!r} is not one of {SEQUENTIAL_HEADS}.")
+        from .architectures import NO_SEQUENTIAL_HEAD, architecture_of
+        from .heads import SEQUENTIAL_HEAD_CLASSES
+
+        heads = sorted(SEQUENTIAL_HEAD_CLASSES) + [NO_SEQUENTIAL_HEAD]
+        if self.sequential_head not in heads:
+            raise ValueError(f"sequential_head={self.sequential_head!r} is not one of {heads} (add one with "
+                             "hf_dspark.modeling.heads.register_sequential_head).")
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be >= 1 (published drafters use 7).")
-        if self.drafter_architecture not in DRAFTER_ARCHITECTURES:
-            raise ValueError(f"drafter_architecture={self.drafter_architecture!r} is not one of {DRAFTER_ARCHITECTURES}.")
-        if self.drafter_architecture == "eagle3" and (
-                self.sequential_head != "none" or self.use_confidence_head or self.num_hidden_layers != 1):
-            raise ValueError("An Eagle3 drafter has one layer and no sequential or confidence head: use "
-                             "sequential_head='none', use_confidence_head=False, num_hidden_layers=1.")
+        architecture = architecture_of(self)  # raises for an unknown name
+        if architecture.autoregressive and (
+                self.sequential_head != NO_SEQUENTIAL_HEAD or self.use_confidence_head or self.num_hidden_layers != 1):
+            raise ValueError(f"An {architecture.label or architecture.name} drafter has one layer and no sequential or "
+                             "confidence head: use sequential_head='none', use_confidence_head=False, "
+                             "num_hidden_layers=1.")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers={self.num_hidden_layers} must be >= 1.")
-        if self.sequential_head != "none" and self.markov_rank < 1:
+        if self.sequential_head != NO_SEQUENTIAL_HEAD and self.markov_rank < 1:
             raise ValueError(f"markov_rank={self.markov_rank} must be >= 1 with sequential_head="
                              f"{self.sequential_head!r}; use sequential_head='none' for DFlash.")
-        if self.use_confidence_head and self.sequential_head == "none":
+        if self.use_confidence_head and self.sequential_head == NO_SEQUENTIAL_HEAD:
             # The confidence head reads W1[x_{k-1}], which only exists with a sequential head.
             raise ValueError("use_confidence_head=True needs a sequential head (its input is [h_k ; W1[x_{k-1}]]); "
                              "set use_confidence_head=False for a DFlash drafter.")

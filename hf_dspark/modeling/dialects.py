@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .architectures import architecture_of
 from .configuration import DSparkConfig
 
 logger = logging.getLogger(__name__)
@@ -571,10 +572,8 @@ def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
     raw = _read_config(path)
     dialect = detect_dialect(raw, path)
     config = dialect.build_config(raw, target)
-    if getattr(config, "drafter_architecture", "block") == "eagle3":
-        from .eagle3 import Eagle3DraftModel
-
-        cls = cls if issubclass(cls, Eagle3DraftModel) else Eagle3DraftModel
+    architecture_class = architecture_of(config).model_class
+    cls = cls if issubclass(cls, architecture_class) else architecture_class
     tensors = read_checkpoint_index(path)
     dialect.check_tensors(raw, tensors)
     model = _empty_model(cls, config)

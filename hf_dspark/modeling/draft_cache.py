@@ -118,9 +118,10 @@ class DraftCache:
         self._positions[:, start:start + n] = positions
 
     def _allocate(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], rows: int, n: int) -> None:
+        # zeros, not empty: attention multiplies masked slots' values by probability 0, and 0 · NaN garbage = NaN
         capacity = max(16, 2 * (n + 1))
-        self._keys = [k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3]) for k in keys]
-        self._values = [v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3]) for v in values]
+        self._keys = [k.new_zeros(k.shape[0], k.shape[1], capacity, k.shape[3]) for k in keys]
+        self._values = [v.new_zeros(v.shape[0], v.shape[1], capacity, v.shape[3]) for v in values]
         device = keys[0].device
         self._valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
         self._positions = torch.zeros(rows, capacity, dtype=torch.long, device=device)

@@ -24,6 +24,7 @@ from torch import nn
 
 from .draft_cache import DraftCache
 from .drafting import DraftBlock, draw_draft_token
+from .architectures import DrafterArchitecture, register_drafter_architecture
 from .modeling import DraftAttention, DraftMLP, DSparkDraftModel, RMSNorm
 
 
@@ -246,3 +247,8 @@ class Eagle3DraftModel(DSparkDraftModel):
             state = layer.finish(state, attended)
             hiddens.append(self.norm(state))
         return torch.stack(hiddens, dim=2)
+
+
+register_drafter_architecture(DrafterArchitecture("eagle3", Eagle3DraftModel, servable=True,
+                                                  exports_to_speculators=False, autoregressive=True, label="Eagle3",
+                                                  baseline_loss=True))

@@ -25,6 +25,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 
+from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequential_head, register_drafter_architecture
 from .configuration import DSparkConfig
 from .draft_cache import DraftCache
 from .drafting import DraftBlock, calibrated_confidence, draft_block, draw_draft_token  # noqa: F401 (re-exported)
@@ -156,7 +157,7 @@ class DSparkDraftModel(PreTrainedModel):
         vocab = tcfg.vocab_size
         self.markov_head = (SEQUENTIAL_HEAD_CLASSES[config.sequential_head](d, vocab, config.markov_rank,
                                                                            config.num_draft_tokens)
-                            if config.sequential_head != "none" else None)
+                            if has_sequential_head(config) else None)
         if config.draft_vocab_size is not None:
             # draft index -> target token id (ascending); saved with the drafter. set_draft_vocabulary fills it.
             self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=True)
@@ -210,7 +211,7 @@ class DSparkDraftModel(PreTrainedModel):
             target_config=tcfg.to_dict(), num_hidden_layers=num_layers, block_size=block_size,
             sequential_head=head, markov_rank=markov_rank, target_layer_ids=target_layer_ids,
             mask_token_id=mask_token_id,
-            use_confidence_head=(head != "none") if use_confidence_head is None else use_confidence_head,
+            use_confidence_head=(head != NO_SEQUENTIAL_HEAD) if use_confidence_head is None else use_confidence_head,
             target_name_or_path=getattr(target, "name_or_path", None) or tcfg.name_or_path or None,
             target_embedding_signature=embedding_signature(target), **config_kwargs)
         param = next(target.parameters())
@@ -472,6 +473,10 @@ class DSparkDraftModel(PreTrainedModel):
                            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
                            confidence_threshold=confidence_threshold, greedy_rows=greedy_rows,
                            sequential_top_k=sequential_top_k, early_exit=early_exit)
+
+
+register_drafter_architecture(DrafterArchitecture("block", DSparkDraftModel, servable=True,
+                                                  exports_to_speculators=True))
 
 
 # -------------------------------------------------------------------------------------------------------

@@ -202,6 +202,8 @@ def num_leading_improvements(theta: ArrayLike) -> int:
 # thread pool makes such tiny gathers/sorts cost milliseconds on a busy CPU (measured ~8 ms vs 30 µs).
 def _as_numpy(x: ArrayLike) -> np.ndarray:
     if isinstance(x, torch.Tensor):
+        if x.device.type == "cpu" and not x.requires_grad:
+            return x.numpy()  # host memory already (the round hands policies host tensors): no copy, no device read
         return x.detach().cpu().numpy()
     return np.asarray(x)
 

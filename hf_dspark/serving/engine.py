@@ -35,14 +35,17 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..generation.ragged_batch import cache_kwarg
-from ..generation.verification import PLACEHOLDER_TOKEN_ID, verify
-from ..modeling.modeling import DraftBlock, DraftCache
+from ..generation.speculative_round import SpeculativeRound, prefill
+from ..modeling.architectures import architecture_of
+from ..modeling.draft_cache import DraftCache
+from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
+from ..sampling import pick_tokens
+from ..scheduling.policies import VerifyPolicy, make_policy
+from ..scheduling.step_cost import SPSProfile, StepCostProfile, profile_step_cost
 from .batch import JoiningRows, RunningBatch
 from .metrics import EngineMetrics
 from .processing import BatchLogitsProcessor
-from ..scheduling.step_cost import SPSProfile, StepCostProfile, profile_step_cost
 from .requests import (
     FinishReason,
     Request,
@@ -50,8 +53,8 @@ from .requests import (
     RequestOutput,
     RequestRejectedError,
     SamplingParams,
+    encode_prompt,
 )
-from ..scheduling.policies import NoSpeculationPolicy, VerifyPolicy, make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -65,42 +68,7 @@ class _Prefill:
     cache: DynamicCache
     draft_cache: DraftCache | None
     num_done: int = 0
-
-
-class _ProfileOnFirstUse:
-    """Stands in for the cost tables until a policy reads them, so cost-blind policies never pay for profiling.
-
-    SPS(B) lookups (``__call__``, ``lookup``) go to ``engine.sps``; the step-cost API (``verify``, ``draft``,
-    ``verify_widths``, ...) to ``engine.step_cost``."""
-
-    def __init__(self, engine: DSparkEngine):
-        self._engine = engine
-
-    def __call__(self, num_tokens: int) -> float:
-        return self._engine.sps(num_tokens)
-
-    def lookup(self, num_tokens):
-        return self._engine.sps.lookup(num_tokens)
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine.step_cost, name)
-
-
-def _draft_width(policy: VerifyPolicy, block_size: int) -> int:
-    """Drafts per request per step the policy can ever verify (0: no drafting at all)."""
-    if isinstance(policy, NoSpeculationPolicy):
-        return 0
-    num_tokens = getattr(policy, "num_tokens", None)
-    return block_size if num_tokens is None else min(block_size, int(num_tokens))
-
-
-def _raise_if_unsupported_target(target) -> None:
-    if target.config.is_encoder_decoder:
-        raise ValueError("DSparkEngine serves decoder-only targets only.")
-    layer_types = getattr(target.config.get_text_config(), "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise ValueError("DSparkEngine needs a target with full attention in every layer: rejected draft slots are "
-                         "kept as masked holes, which sliding-window and linear-attention caches cannot hold.")
+    first_token: int | None = None  # picked when the last chunk ran
 
 
 def _target_eos_ids(target) -> set[int]:
@@ -144,18 +112,17 @@ class DSparkEngine:
                  sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
                  log_interval_s: float = 30.0):
-        _raise_if_unsupported_target(target)
+        raise_if_unsupported_target(target, "DSparkEngine")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
         block_size = draft.config.block_size if draft is not None else 0
-        self.draft_width = _draft_width(self.policy, block_size)
-        if draft is None and not isinstance(self.policy, NoSpeculationPolicy):
-            raise ValueError(f"verify policy {getattr(self.policy, 'name', self.policy)!r} needs a drafter: pass "
-                             "draft=DSparkDraftModel..., or use policy='none' for plain continuous batching.")
-        if draft is not None and draft.config.drafter_architecture != "block":
-            raise ValueError(f"DSparkEngine serves block (DSpark / DFlash) drafters; a "
-                             f"{draft.config.drafter_architecture!r} drafter runs through target.generate(..., "
-                             "assistant_model=draft) instead.")
+        self.draft_width = self.policy.max_drafts(block_size) if draft is not None else 0
+        if draft is None and self.policy.max_drafts(1):
+            raise ValueError(f"verify policy {self.policy.name or type(self.policy).__name__!r} needs a drafter: "
+                             "pass draft=DSparkDraftModel..., or use policy='none' for plain continuous batching.")
+        if draft is not None and not architecture_of(draft.config).servable:
+            raise ValueError(f"DSparkEngine cannot serve a {draft.config.drafter_architecture!r} drafter; run it "
+                             "through target.generate(..., assistant_model=draft) instead.")
         if draft is not None and draft._bound_target[:1] != [target]:
             draft.bind_target(target)
         self.device = next(target.parameters()).device
@@ -171,9 +138,13 @@ class DSparkEngine:
         self._raise_if_invalid_limits()
         self.default_eos_ids = _target_eos_ids(target)
         self._sps_source, self._sps, self._step_cost, self.sps_cache_dir = sps, None, None, sps_cache_dir
-        self._sps_view = _ProfileOnFirstUse(self)
-        self._cache_name = cache_kwarg(target)
+        # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model (and
+        # in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
+        self._round = SpeculativeRound(target, draft if self.draft_width else None, self.policy,
+                                       cost=lambda: self.step_cost, observe_time=sps is None,
+                                       max_deferred_rounds=self.max_deferred_steps)
         self._batch = RunningBatch(target.config, self.device)
+        self._request_ids: set[str] = set()  # ids of requests not yet finished (duplicates are refused)
         self._incoming: deque[Request] = deque()
         self._incoming_lock = threading.Lock()
         self._waiting: deque[Request] = deque()
@@ -239,31 +210,44 @@ class DSparkEngine:
                params: SamplingParams | None = None) -> RequestHandle:
         """Queue a request (token ids, text, or chat messages) and return its handle; thread-safe.
 
-        Raises RequestRejectedError when the request could never fit the engine's limits."""
-        if params is None:
-            params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                    top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id)
-        ids = self._encode(prompt)
-        self._raise_if_never_fits(ids, params)
-        eos = self.default_eos_ids if params.eos_token_id is None else (
-            {int(params.eos_token_id)} if isinstance(params.eos_token_id, int) else {int(e) for e in params.eos_token_id})
+        Raises RequestRejectedError for a malformed request (ids that are not ints in the target's vocabulary, a
+        2-D prompt, non-integer limits, a request_id already in use) and for one that could never fit the
+        engine's limits: a bad request is refused here, never inside a step shared with other requests."""
+        try:
+            if params is None:
+                params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                        top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id)
+            ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
+            eos = self._eos_ids(params.eos_token_id)
+            self._raise_if_never_fits(ids, params)
+        except RequestRejectedError:
+            self.engine_metrics.rejected_requests += 1
+            raise
+        except ValueError as err:  # SamplingParams' range checks: the same refusal, one exception type
+            self.engine_metrics.rejected_requests += 1
+            raise RequestRejectedError(f"request rejected: {err}") from None
         request = Request(ids, params, eos, request_id=request_id, device=self.device)
         with self._incoming_lock:
+            if request.request_id in self._request_ids:
+                self.engine_metrics.rejected_requests += 1
+                raise RequestRejectedError(f"request_id {request.request_id!r} is already in use by an unfinished "
+                                           "request; give each request its own id")
+            self._request_ids.add(request.request_id)
             self._incoming.append(request)
         self._wake.set()
         return RequestHandle(request, self)
 
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, torch.Tensor):
-            return [int(t) for t in prompt.reshape(-1).tolist()]
-        if isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], Mapping)):
-            if self.tokenizer is None:
-                raise ValueError("text and chat prompts need DSparkEngine(..., tokenizer=tokenizer); or submit ids.")
-            if isinstance(prompt, str):
-                return list(self.tokenizer(prompt)["input_ids"])
-            encoded = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-            return list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
-        return [int(t) for t in prompt]
+    @property
+    def vocab_size(self) -> int:
+        return self.target.get_input_embeddings().weight.shape[0]
+
+    def _eos_ids(self, eos_token_id) -> set[int]:
+        if eos_token_id is None:
+            return set(self.default_eos_ids)
+        ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set)) else list(eos_token_id)
+        if any(isinstance(e, bool) or not isinstance(e, int) for e in ids):
+            raise RequestRejectedError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+        return {int(e) for e in ids}
 
     def _reservation(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         """Cache slots a request can occupy at most: prompt, generated tokens, and one round of overshoot."""
@@ -282,7 +266,6 @@ class DSparkEngine:
             problem = (f"prompt + max_new_tokens = {len(ids) + params.max_new_tokens} exceeds the target's "
                        f"max_position_embeddings={self.max_positions}")
         if problem is not None:
-            self.engine_metrics.rejected_requests += 1
             raise RequestRejectedError(f"request rejected: {problem}")
 
     def _cancel(self, request: Request) -> None:
@@ -408,6 +391,8 @@ class DSparkEngine:
         self._batch.keep(keep)
 
     def _on_finished(self, request: Request) -> None:
+        with self._incoming_lock:
+            self._request_ids.discard(request.request_id)
         self.engine_metrics.observe_finished(request.finish_reason.value, request.metrics())
 
     def _fail_running(self, err: BaseException) -> None:
@@ -448,7 +433,9 @@ class DSparkEngine:
 
         Prompts that start and finish within this step's budget run together in one left-padded forward (while
         the padded size stays within the budget): on a small target a forward's fixed cost is a large part of a
-        short prompt's prefill. Longer prompts are prefilled alone, in chunks across steps."""
+        short prompt's prefill. Longer prompts are prefilled alone, in chunks across steps. A prefill that fails
+        fails only its own request (a failed group is retried one request at a time): prompts have their own
+        caches until they join the batch, so nothing of the running requests is touched."""
         start = time.perf_counter()
         budget, joining, together, widest = self.max_prefill_tokens, [], [], 0
         for request in list(self._prefilling):
@@ -462,32 +449,53 @@ class DSparkEngine:
                 together.append(request)
                 widest = max(widest, num_tokens)
                 continue
-            logits = self._prefill_chunk(request, state, num_tokens, tap)
-            if state.num_done == request.num_prompt_tokens:
-                joining.append(self._finish_prefill([request], state.cache, None, state.draft_cache, logits))
+            joining.extend(self._prefill_alone(request, num_tokens, tap))
         if len(together) == 1:  # alone: no padding, no mask
-            request = together[0]
-            logits = self._prefill_chunk(request, request.prefill, request.num_prompt_tokens, tap)
-            joining.append(self._finish_prefill(together, request.prefill.cache, None, request.prefill.draft_cache,
-                                                logits))
+            joining.extend(self._prefill_alone(together[0], together[0].num_prompt_tokens, tap))
         elif together:
-            joining.append(self._prefill_together(together, tap))
+            try:
+                joining.append(self._prefill_together(together, tap))
+            except Exception:
+                logger.exception("a grouped prefill failed; prefilling its %d requests one by one", len(together))
+                for request in together:
+                    request.prefill = _Prefill(DynamicCache(config=self.target.config),
+                                               DraftCache() if self.draft_width else None)
+                    joining.extend(self._prefill_alone(request, request.num_prompt_tokens, tap))
         self.engine_metrics.prefill_seconds += time.perf_counter() - start
         return joining
 
-    def _prefill_chunk(self, request: Request, state: _Prefill, num_tokens: int, tap) -> torch.Tensor:
-        """One chunk of a prompt through the target (its own cache); returns the last position's logits [1, V]."""
-        begin = state.num_done
-        ids = torch.tensor([request.prompt_ids[begin:begin + num_tokens]], device=self.device)
-        positions = torch.arange(begin, begin + num_tokens, device=self.device)[None]
-        out = self.target(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
-                          **{self._cache_name: state.cache})
-        if self.draft_width:
-            state.draft_cache = self.draft.extend_context(state.draft_cache, tap.features(), positions)
-        state.num_done += num_tokens
+    def _prefill_alone(self, request: Request, num_tokens: int, tap) -> list[JoiningRows]:
+        """One chunk of one prompt; the request joins when its prompt is done. A failure fails this request only."""
+        state = request.prefill
+        try:
+            self._prefill_chunk(request, state, num_tokens, tap)
+        except Exception as err:
+            logger.exception("prefill of request %s failed; only this request fails", request.request_id)
+            self._prefilling.remove(request)
+            request.finish(FinishReason.ERROR, error=err)
+            self._on_finished(request)
+            return []
+        if state.num_done < request.num_prompt_tokens:
+            return []
+        return [self._finish_prefill([request], state.cache, None, state.draft_cache, [state.first_token])]
+
+    def _prefill_chunk(self, request: Request, state: _Prefill, num_tokens: int, tap) -> None:
+        """One chunk of a prompt through the target (its own cache); the last chunk picks the first token."""
+        begin, end = state.num_done, state.num_done + num_tokens
+        ids = torch.tensor([request.prompt_ids[begin:end]], device=self.device)
+        positions = torch.arange(begin, end, device=self.device)[None]
+        following = (torch.tensor([request.prompt_ids[end]], device=self.device)
+                     if end < request.num_prompt_tokens else None)
+        _, token, state.draft_cache = prefill(
+            self.target, ids, positions, state.cache, following_ids=following,
+            pick_first=lambda logits: torch.tensor([self._first_token(request, logits)], device=self.device),
+            tap=tap, drafter=self.draft if self.draft_width else None, draft_cache=state.draft_cache,
+            counts=[num_tokens])
+        state.num_done = end
+        if following is None:
+            state.first_token = int(token[0])
         self.engine_metrics.prefill_tokens += num_tokens
         self.engine_metrics.prefill_forwards += 1
-        return out.logits[:, -1].float()
 
     def _prefill_together(self, requests: list[Request], tap) -> JoiningRows:
         """Whole prompts of several requests in one forward, left-padded (as batched ``generate`` prefills)."""
@@ -499,26 +507,31 @@ class DSparkEngine:
             mask[row, width - request.num_prompt_tokens:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.target.config)
-        out = self.target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                          logits_to_keep=1, **{self._cache_name: cache})
-        draft_cache = (self.draft.extend_context(DraftCache(), tap.features(), positions, mask.bool())
-                       if self.draft_width else None)
+        firsts: list[int] = []
+
+        def pick_first(logits: torch.Tensor) -> torch.Tensor:
+            firsts.extend(self._first_token(r, logits[row:row + 1]) for row, r in enumerate(requests))
+            return torch.tensor(firsts, device=self.device)
+
+        _, _, draft_cache = prefill(self.target, ids, positions, cache, pick_first=pick_first, attention_mask=mask,
+                                    tap=tap, drafter=self.draft if self.draft_width else None,
+                                    draft_cache=DraftCache() if self.draft_width else None, valid=mask.bool(),
+                                    counts=[r.num_prompt_tokens for r in requests])
         for request in requests:
             request.prefill.num_done = request.num_prompt_tokens
-        self.engine_metrics.prefill_tokens += int(mask.sum())
+        self.engine_metrics.prefill_tokens += sum(r.num_prompt_tokens for r in requests)
         self.engine_metrics.prefill_forwards += 1
-        return self._finish_prefill(requests, cache, mask, draft_cache, out.logits[:, -1].float())
+        return self._finish_prefill(requests, cache, mask, draft_cache, firsts)
 
     def _finish_prefill(self, requests: list[Request], cache: DynamicCache, mask: torch.Tensor | None,
-                        draft_cache: DraftCache | None, logits: torch.Tensor) -> JoiningRows:
-        """First token of each prefilled request; those that already finished (max_new_tokens = 1 or an EOS first
-        token) never join the batch, the others are returned ready to be stacked onto it."""
+                        draft_cache: DraftCache | None, first_tokens: list[int]) -> JoiningRows:
+        """Commit each prefilled request's first token; those that already finished (max_new_tokens = 1 or an EOS
+        first token) never join the batch, the others are returned ready to be stacked onto it."""
         now = time.perf_counter()
         keep = []
-        for row, request in enumerate(requests):
+        for row, (request, first) in enumerate(zip(requests, first_tokens)):
             self._prefilling.remove(request)
             request.prefill = None
-            first = self._first_token(request, logits[row:row + 1])
             self.engine_metrics.generated_tokens += request.commit([first], now)
             if request.is_finished:
                 self._on_finished(request)
@@ -526,128 +539,52 @@ class DSparkEngine:
                 keep.append((row, request, first))
         mask = torch.ones(1, cache.get_seq_length(), dtype=torch.long, device=self.device) if mask is None else mask
         if len(keep) < len(requests) and keep:
-            index = torch.tensor([row for row, _, _ in keep], dtype=torch.long, device=self.device)
-            cache.batch_select_indices(index)
-            mask = mask[index]
-            draft_cache = draft_cache.select_rows(index) if draft_cache is not None else None
+            rows = [row for row, _, _ in keep]
+            cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.device))
+            mask = mask[rows]
+            draft_cache = draft_cache.select_rows(rows) if draft_cache is not None else None
         return JoiningRows([r for _, r, _ in keep], cache, mask, draft_cache, [f for _, _, f in keep],
                            [r.num_prompt_tokens for _, r, _ in keep])
 
     def _first_token(self, request: Request, logits: torch.Tensor) -> int:
         """The prompt's next token, exactly as plain ``generate`` picks it (processors, request's generator)."""
-        if not request.params.do_sample:
-            return int(logits.argmax(-1))
-        ids = torch.tensor([request.prompt_ids], device=self.device)
-        probs = torch.softmax(request.processors(ids, logits), dim=-1)
-        return int(torch.multinomial(probs, 1, generator=request.generator))
+        if request.params.do_sample:
+            logits = request.processors(torch.tensor([request.prompt_ids], device=self.device), logits)
+        return int(pick_tokens(logits, request.params.do_sample, request.generator)[0])
 
     # ------------------------------------------------------------------------------------------------------
-    # One speculative round for the whole batch
+    # One speculative round for the whole batch (the round generate runs too)
     # ------------------------------------------------------------------------------------------------------
     def _decode(self, tap) -> None:
         batch, metrics = self._batch, self.engine_metrics
-        step_start = time.perf_counter()  # the whole step, compaction included, for the policy's cost check
         slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)
         if batch.compact_if_needed(1 + self.draft_width, slot_budget, self.max_hole_fraction):
             metrics.compactions += 1
         processor = BatchLogitsProcessor(batch.requests)
-        start = time.perf_counter()
-        block, lengths = self._draft_and_choose(processor)
-        width = 1 + int(lengths.max())
-        drafts = block.tokens[:, :width - 1] if block is not None else batch.anchors.new_zeros(len(batch), 0)
-        mid = time.perf_counter()
-        positions = batch.anchor_positions[:, None] + torch.arange(width, device=self.device)  # [R, W]
-        out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1),
-                          attention_mask=torch.cat([batch.mask, batch.mask.new_ones(len(batch), width)], dim=1),
-                          position_ids=positions, use_cache=True, logits_to_keep=width,
-                          **{self._cache_name: batch.cache})
-        num_accepted, next_tokens, output = self._accept(processor, drafts, lengths, out.logits[:, -width:].float(),
-                                                         block)
-        observe = getattr(self.policy, "observe", None)
-        if observe is not None and block is not None and block.confidence is not None:
-            observe(block.confidence, lengths, num_accepted)  # online calibration from resolved drafts
-        metrics.draft_seconds += mid - start
-        metrics.verify_seconds += time.perf_counter() - mid
-        self._commit(output, lengths, num_accepted, width)
-        kept = torch.arange(width, device=self.device)[None, :] <= num_accepted[:, None]  # anchor + accepted
-        if self.draft_width:
-            batch.defer_context(tap.features()[:, :width], positions, kept)
-            if batch.num_deferred_steps >= self.max_deferred_steps:
-                batch.flush_context(self.draft)  # bounded memory while the drafter stays skipped
-        batch.commit_round(kept, next_tokens, num_accepted)
-        # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model
-        # (and in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
-        observe_step = getattr(self.policy, "observe_step", None) if self._sps_source is None else None
-        if observe_step is not None:
-            drafted = block is not None
-            predicted = (self._sps_view.draft(len(kept)) if drafted else 0.0) + self._sps_view.verify(len(kept), width)
-            observe_step(drafted, predicted, time.perf_counter() - step_start)
+        modes = [r.params.do_sample for r in batch.requests]
+        do_sample = modes[0] if len(set(modes)) == 1 else modes
+        result = self._round.run(batch, processor, [r.num_remaining for r in batch.requests], do_sample=do_sample,
+                                 generator=processor.generators, tap=tap, step=metrics.decode_steps)
+        if self.draft_width and result.block is None:
+            metrics.skipped_draft_steps += 1  # drafting could not pay at this load: a plain step
+        metrics.draft_seconds += result.draft_seconds
+        metrics.verify_seconds += result.verify_seconds
+        self._commit(result)
 
-    def _draft_and_choose(self, processor: BatchLogitsProcessor) -> tuple[DraftBlock | None, torch.Tensor]:
-        """Draft for every row in one pass, then ℓ_r from the policy (never more than the request may still use:
-        at most max_new_tokens - generated - 1 drafts, since the round always adds a recovered/bonus token)."""
-        batch = self._batch
-        if not self.draft_width:
-            return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
-        wants_drafts = getattr(self.policy, "wants_drafts", None)
-        if wants_drafts is not None and not wants_drafts(len(batch), self._sps_view):
-            self.engine_metrics.skipped_draft_steps += 1  # drafting cannot pay at this load: plain step
-            return None, torch.zeros(len(batch), dtype=torch.long, device=self.device)
-        remaining = torch.tensor([r.num_remaining for r in batch.requests], device=self.device)
-        batch.flush_context(self.draft)
-        block = self.draft.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
-                                       num_tokens=self.draft_width, do_sample=processor.do_sample,
-                                       logits_processor=processor,
-                                       generator=processor.generators if processor.do_sample else None,
-                                       confidence_threshold=0.0,  # the policy decides the lengths
-                                       greedy_rows=torch.tensor(processor.greedy_mask, device=self.device))
-        max_lengths = torch.minimum(block.num_drafts, (remaining - 1).clamp(min=0))
-        lengths = self.policy.choose(block.confidence, max_lengths, self._sps_view,
-                                     step=self.engine_metrics.decode_steps)
-        return block, torch.minimum(lengths.to(self.device), max_lengths)
-
-    def _accept(self, processor: BatchLogitsProcessor, drafts: torch.Tensor, lengths: torch.Tensor,
-                logits: torch.Tensor, block: DraftBlock | None):
-        """verify() per request: greedy rows in one call; sampled rows each with their own generator (and their
-        own warpers, applied identically to p here and to q when drafting)."""
-        num_rows, width = drafts.shape[0], drafts.shape[1] + 1
-        num_accepted = torch.zeros(num_rows, dtype=torch.long, device=self.device)
-        next_tokens = torch.zeros_like(num_accepted)
-        output = torch.full((num_rows, width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=self.device)
-        greedy = processor.greedy_rows
-        if greedy:
-            rows = torch.tensor(greedy, device=self.device)
-            result = verify(drafts[rows], lengths[rows], logits[rows], None, do_sample=False)
-            num_accepted[rows], next_tokens[rows], output[rows] = (result.num_accepted, result.next_tokens,
-                                                                   result.output_tokens)
-        if processor.sampled_rows:
-            target_logits = processor.process_target(drafts, logits)
-        for row in processor.sampled_rows:
-            n = int(lengths[row])
-            probs = (block.draft_probs[row:row + 1, :n] if block is not None
-                     else logits.new_zeros(1, 0, logits.shape[-1]))
-            result = verify(drafts[row:row + 1, :n], lengths[row:row + 1], target_logits[row:row + 1, :n + 1], probs,
-                            do_sample=True, generator=processor.requests[row].generator)
-            num_accepted[row], next_tokens[row] = result.num_accepted[0], result.next_tokens[0]
-            output[row, :n + 1] = result.output_tokens[0]
-        return num_accepted, next_tokens, output
-
-    def _commit(self, output: torch.Tensor, lengths: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
+    def _commit(self, result) -> None:
         """Stream each request's accepted + recovered/bonus tokens (stopping at EOS / max_new_tokens)."""
         now = time.perf_counter()
-        rows = output.tolist()
-        accepted = num_accepted.tolist()
         committed = []
-        for request, tokens, n in zip(self._batch.requests, rows, accepted):
-            committed.append(request.commit(tokens[:n + 1], now))
+        for request, tokens in zip(self._batch.requests, result.tokens):
+            committed.append(request.commit(tokens, now))
             request.num_rounds += 1
         metrics = self.engine_metrics
         metrics.generated_tokens += sum(committed)
-        metrics.stats.observe_round(lengths, num_accepted, torch.tensor(committed))
-        metrics.observe_decode_step(len(rows), width, lengths.tolist(), accepted)
-        logger.debug("step %d: R=%d, verify tokens B=%d (width %d), mean ℓ=%.2f, accepted %d, committed %d",
-                     metrics.decode_steps, len(rows), len(rows) + int(lengths.sum()), width,
-                     float(lengths.float().mean()), sum(accepted), sum(committed))
+        metrics.stats.observe_round(result.lengths, result.num_accepted, committed)
+        metrics.observe_decode_step(len(committed), result.width, result.lengths, result.num_accepted)
+        logger.debug("step %d: R=%d, verify tokens B=%d (width %d), accepted %d, committed %d",
+                     metrics.decode_steps, len(committed), len(committed) + sum(result.lengths), result.width,
+                     sum(result.num_accepted), sum(committed))
 
     # ------------------------------------------------------------------------------------------------------
     # Metrics

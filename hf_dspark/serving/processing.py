@@ -25,7 +25,7 @@ def keep_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 class BatchLogitsProcessor:
     """``self(tail_ids [R, k], logits [R, V])`` processes row r's drafter logits with request r's warpers (the
-    drafting callback); :meth:`process_target` does the same for the verify logits [R, W, V]."""
+    drafting callback); :meth:`process_positions` does the same for the verify logits [R, W, V]."""
 
     def __init__(self, requests: Sequence[Request]):
         self.requests = list(requests)
@@ -79,7 +79,7 @@ class BatchLogitsProcessor:
                 out[rows] = keep_argmax(logits[rows])
         return out
 
-    def process_target(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def process_positions(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Verify logits [R, W, V] at the anchor and drafts [R, W-1]; greedy rows are left raw (argmax only)."""
         out = logits
         for rows, is_sampled, processor in self.groups:

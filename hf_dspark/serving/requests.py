@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import itertools
+import numbers
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,40 @@ _REQUEST_IDS = itertools.count()
 
 
 class RequestRejectedError(ValueError):
-    """A request that can never be served with the engine's limits (raised by ``submit``)."""
+    """A request the engine will not serve (raised by ``submit``): malformed input, or limits it can never fit."""
+
+
+def encode_prompt(prompt, tokenizer, vocab_size: int) -> list[int]:
+    """Token ids of a prompt given as ids (list / 1-D tensor / [1, n] tensor), text or chat messages, validated
+    here so that a bad request is refused at ``submit`` instead of failing the engine step it would join."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() > 2 or (prompt.dim() == 2 and prompt.shape[0] != 1):
+            raise RequestRejectedError(f"a prompt tensor must be 1-D or [1, n], got shape {tuple(prompt.shape)}; "
+                                       "submit one request per row")
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise RequestRejectedError(f"prompt token ids must be integers, got a {prompt.dtype} tensor")
+        ids = prompt.reshape(-1).tolist()
+    elif isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], Mapping)):
+        if tokenizer is None:
+            raise ValueError("text and chat prompts need DSparkEngine(..., tokenizer=tokenizer); or submit ids.")
+        if isinstance(prompt, str):
+            ids = list(tokenizer(prompt)["input_ids"])
+        else:
+            encoded = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            ids = list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
+    elif isinstance(prompt, Sequence):
+        ids = list(prompt)
+    else:
+        raise RequestRejectedError(f"unsupported prompt type {type(prompt).__name__}: give token ids, text or chat "
+                                   "messages")
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise RequestRejectedError(f"prompt token ids must be ints, got {bad!r} ({type(bad).__name__})")
+    out_of_range = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
+    if out_of_range:
+        raise RequestRejectedError(f"prompt token id {out_of_range[0]} is outside the target's vocabulary "
+                                   f"[0, {vocab_size}) ({len(out_of_range)} such ids)")
+    return [int(t) for t in ids]
 
 
 class FinishReason(str, enum.Enum):
@@ -52,7 +86,11 @@ class SamplingParams:
         temperature (`float`, defaults to 1.0), top_k (`int`, defaults to None), top_p (`float`, defaults to None):
             sampling warpers, applied identically to the target's p and the drafter's q (ignored when greedy).
         seed (`int`, defaults to None): seeds the request's own generator (drafting, verification and the
-            first token), so a seeded request does not depend on other requests' randomness.
+            first token), so a seeded request never consumes other requests' randomness. Under ``none`` and
+            ``fixed`` its output is then the same whatever runs beside it; under ``threshold`` (whose drafting stops
+            when every row has stopped) and the load-aware ``scheduled`` / ``scheduled-async`` how many drafts it
+            draws and verifies depends on its neighbours, and with it where each random number is used: the output
+            distribution is unchanged, the exact sample is not.
         eos_token_id (`int | list[int]`, defaults to None = the target's generation config): stop tokens;
             an empty list never stops early.
     """
@@ -66,6 +104,14 @@ class SamplingParams:
     eos_token_id: int | Sequence[int] | None = None
 
     def __post_init__(self):
+        for name in ("max_new_tokens", "top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise RequestRejectedError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise RequestRejectedError(f"{name} must be a real number, got {value!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature > 0:

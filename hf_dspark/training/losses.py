@@ -41,8 +41,13 @@ class LossConfig:
 
     @classmethod
     def for_head(cls, head: str, **overrides) -> LossConfig:
-        """DSpark's three-term loss, or CE only for the baselines: DFlash (``head="none"``) and ``"eagle3"``."""
-        if head in ("none", "eagle3"):
+        """DSpark's three-term loss, or CE only for the baselines: DFlash (``head="none"``) and the architectures
+        registered with ``baseline_loss`` (``"eagle3"``), as the training CLI's ``--head`` names them."""
+        from ..modeling.architectures import NO_SEQUENTIAL_HEAD, architecture_named, available_architectures
+
+        baseline = head == NO_SEQUENTIAL_HEAD or (
+            head in available_architectures() and architecture_named(head).baseline_loss)
+        if baseline:
             overrides = {"ce_weight": 1.0, "l1_weight": 0.0, "confidence_weight": 0.0, **overrides}
         return cls(**overrides)
 

@@ -165,7 +165,7 @@ def test_sampling_runs_losslessly_shaped(tiny_target):
     assert out.shape[0] == 2 and out.shape[1] <= 5 + 16 and draft.stats.rounds > 0
 
 
-def test_save_load_round_trip_and_engine_refusal(tmp_path, tiny_target):
+def test_save_load_round_trip_and_served_by_the_engine(tmp_path, tiny_target):
     draft = Eagle3DraftModel.from_target(tiny_target, block_size=GAMMA, target_layer_ids=TAPS).eval()
     draft.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["drafter_architecture"] == "eagle3"
@@ -173,5 +173,10 @@ def test_save_load_round_trip_and_engine_refusal(tmp_path, tiny_target):
     assert type(loaded) is Eagle3DraftModel
     for name, value in draft.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[name]), name
-    with pytest.raises(ValueError, match="block"):
-        DSparkEngine(tiny_target, draft, policy="fixed")
+    # the engine runs the same round as generate, so an autoregressive drafter is servable (issue #15)
+    prompts = [[5, 9, 11, 40, 7, 3], [8, 60, 12], [33, 21, 17, 90, 4]]
+    engine = DSparkEngine(tiny_target, loaded, policy="fixed", max_running_requests=3)
+    outputs = engine.generate(prompts, 10)
+    for prompt, out in zip(prompts, outputs):
+        plain = tiny_target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10)[0, len(prompt):]
+        assert out.token_ids == plain.tolist()[: len(out.token_ids)] and len(out.token_ids) == 10
