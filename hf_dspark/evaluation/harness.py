@@ -30,7 +30,13 @@ from ..training.calibration import PositionCalibration, calibrated_confidence, c
 from ..metrics import DSparkStats
 from .benchmarks import (DEEPSPEC_SAMPLE_CAPS, DEEPSPEC_SEED, DEFAULT_BENCHMARKS, Benchmark, encode_chat_prompt,
                          left_pad, load_benchmark)
-from .recorder import RoundRecorder, RoundTrace, full_proposals
+from ..modeling.architectures import method_label
+from .recorder import RoundRecorder, RoundTrace
+
+# Every round proposes all γ drafts (threshold 0): calibration and the offline threshold sweep need complete rounds
+# (a higher threshold is derived from them afterwards: the per-position rule is non-anticipating), and passing it
+# per call leaves the caller's drafter config untouched.
+FULL_PROPOSALS = {"dspark_confidence_threshold": 0.0}
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +165,10 @@ def record_rounds(target, tokenizer, drafter, prompts: Sequence[str], *, tempera
     encoded = [encode_chat_prompt(tokenizer, p) for p in prompts]
     gen_kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": pad, **sampling_kwargs(temperature)}
     _ensure_bound(drafter, target)
-    with full_proposals(drafter):
-        for rows in tqdm(_batches(len(encoded), batch_size), desc=f"rounds {tag}".strip(), disable=not progress):
-            ids, mask = left_pad([encoded[i] for i in rows], pad)
-            _timed_generate(target, ids, mask, seed=seed + rows[0], gen_kwargs=gen_kwargs, assistant_model=drafter,
-                            dspark_recorder=recorder)
+    for rows in tqdm(_batches(len(encoded), batch_size), desc=f"rounds {tag}".strip(), disable=not progress):
+        ids, mask = left_pad([encoded[i] for i in rows], pad)
+        _timed_generate(target, ids, mask, seed=seed + rows[0], gen_kwargs=gen_kwargs, assistant_model=drafter,
+                        dspark_recorder=recorder, **FULL_PROPOSALS)
     return recorder.trace()
 
 
@@ -253,10 +258,8 @@ class EvalResult:
 # ---------------------------------------------------------------------------------------------------------
 def drafter_label(drafter) -> str:
     """'DSpark' for a drafter with a sequential head, 'DFlash' for the head-less block baseline, 'Eagle3' for the
-    autoregressive one."""
-    if getattr(drafter.config, "drafter_architecture", "block") == "eagle3":
-        return "Eagle3"
-    return "DFlash" if getattr(drafter.config, "sequential_head", "none") == "none" else "DSpark"
+    autoregressive one (the architecture registry's label)."""
+    return method_label(drafter.config)
 
 
 def _named_drafters(drafter) -> dict[str, object]:
@@ -336,8 +339,7 @@ def _warm_up(target, named: Mapping[str, object], prompt: list[int], pad: int) -
     kwargs = {"max_new_tokens": 4, "pad_token_id": pad, "do_sample": False}
     _timed_generate(target, ids, mask, seed=0, gen_kwargs=kwargs)
     for d in named.values():
-        with full_proposals(d):
-            _timed_generate(target, ids, mask, seed=0, gen_kwargs=kwargs, assistant_model=d)
+        _timed_generate(target, ids, mask, seed=0, gen_kwargs=kwargs, assistant_model=d, **FULL_PROPOSALS)
 
 
 def _run_benchmark(target, named, recorders, encoded, name, gen_kwargs, *, seed, batch_size, measure_speedup,
@@ -351,10 +353,9 @@ def _run_benchmark(target, named, recorders, encoded, name, gen_kwargs, *, seed,
             timings[""].add(*_timed_generate(target, ids, mask, seed=seed + rows[0], gen_kwargs=gen_kwargs))
         for key, d in named.items():
             recorders[key].tag = name
-            with full_proposals(d):
-                tokens, seconds = _timed_generate(target, ids, mask, seed=seed + rows[0], gen_kwargs=gen_kwargs,
-                                                  assistant_model=d, dspark_recorder=recorders[key])
-                timings[key].add(tokens, seconds, d.stats)
+            tokens, seconds = _timed_generate(target, ids, mask, seed=seed + rows[0], gen_kwargs=gen_kwargs,
+                                              assistant_model=d, dspark_recorder=recorders[key], **FULL_PROPOSALS)
+            timings[key].add(tokens, seconds, d.stats)
         bar.update(1)
     return timings
 

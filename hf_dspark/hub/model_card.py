@@ -20,6 +20,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from ..modeling.architectures import has_sequential_head, method_label
 from ..modeling.configuration import DSparkConfig
 from .export import speculators_export_problems
 
@@ -139,7 +140,7 @@ def _fmt(value) -> str:
 # Rendering
 # -------------------------------------------------------------------------------------------------------
 def method_name(config: DSparkConfig) -> str:
-    return "DFlash" if config.sequential_head == "none" else "DSpark"
+    return method_label(config)
 
 
 def base_model_id(config: DSparkConfig) -> str | None:
@@ -225,7 +226,7 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "draft_vocabulary": (f"{config.draft_vocab_size:,} most frequent answer tokens of the target's "
                              f"{config.target_config.get('vocab_size', 0):,} (q = 0 elsewhere; still lossless)"
                              if config.draft_vocab_size else "the target's full vocabulary"),
-        "sequential_head": f"{_HEAD_NAMES[head]}, rank {config.markov_rank}" if head != "none" else "none",
+        "sequential_head": f"{_HEAD_NAMES[head]}, rank {config.markov_rank}" if has_sequential_head(config) else "none",
         "confidence_head": ("yes: c_k estimates P(draft k accepted, given drafts before it were)"
                             if config.use_confidence_head else "no"),
         "has_confidence_head": config.use_confidence_head,
