@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import platform
@@ -58,7 +59,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 import hf_dspark
 from hf_dspark import DSparkDraftModel, DSparkEngine
-from hf_dspark.embedded import DEFAULT_DRAFTER_DIR
 
 logger = logging.getLogger("bench_overhead")
 
@@ -71,6 +71,7 @@ VARIANTS = ("plain", "min_new_tokens", "repetition_penalty", "threshold")
 IMPLS = ("plain", "dspark", "engine", "dflash", "assisted")
 DEFAULT_IMPLS = IMPLS[1:]  # plain greedy generate (rounds of one token) is the opt-in per-token baseline
 FAMILIES = ("llama", "qwen3", "smollm2")
+SHIPPED_DRAFTER_DIR = Path(hf_dspark.__file__).resolve().parent / "checkpoints" / "smollm2-135m-instruct-dspark"
 NOT_APPLICABLE = "n/a"
 
 
@@ -79,7 +80,7 @@ NOT_APPLICABLE = "n/a"
 # ---------------------------------------------------------------------------------------------------------
 def shipped_drafter_config() -> dict:
     """config.json of the drafter shipped for SmolLM2-135M-Instruct (read as data: only its shapes are used)."""
-    return json.loads((DEFAULT_DRAFTER_DIR / "config.json").read_text())
+    return json.loads((SHIPPED_DRAFTER_DIR / "config.json").read_text())
 
 
 def build_target(family: str, vocab_size: int, seed: int = 0, num_layers: int | None = None) -> torch.nn.Module:
@@ -508,11 +509,10 @@ def run_once(impl: str, setup: Setup, cfg: Config, prompts: torch.Tensor, contin
             stack.enter_context(dspark_oracle(setup.dspark, continuation, num_right, probe))
         elif impl != "plain":
             stack.enter_context(transformers_oracle(setup.target, continuation, num_right, probe))
-        if counter is not None:
-            stack.enter_context(counter)
-        generated = generate_call(impl, setup, cfg, prompts)
+        with counter if counter is not None else contextlib.nullcontext():
+            generated = generate_call(impl, setup, cfg, prompts)
         if setup.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # outside the counter: the benchmark's own sync is not the loop's
         end = time.perf_counter()
     if probe.window_start is None or probe.rounds == 0:
         raise RuntimeError(f"{impl} on {cfg}: no decode round was seen")
@@ -649,7 +649,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """The whole matrix; returns the JSON document (also written under ``--out``)."""
+    """The whole matrix; returns the JSON document (also written under ``--out``). ``args.deadline`` (a
+    ``time.perf_counter()`` value, optional) skips the configurations that would start after it."""
+    deadline = getattr(args, "deadline", None)
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     results: list[Result] = []
@@ -664,14 +666,15 @@ def run(args: argparse.Namespace) -> dict:
             key = "repetition_penalty" if variant == "repetition_penalty" else "plain"
             if key not in continuations:
                 continuations[key] = greedy_continuations(setup, prompts_all, max(args.tokens), key)
-        for batch in args.batch:
-            prompts = prompts_all[:batch]
-            for num_tokens in args.tokens:
-                for accept in args.accept:
-                    for variant in args.variants:
-                        key = "repetition_penalty" if variant == "repetition_penalty" else "plain"
-                        results += bench_group(setup, family, accept, num_tokens, batch, variant, args.impls,
-                                               args.repeats, prompts, continuations[key][:batch])
+        for batch, num_tokens, accept, variant in itertools.product(args.batch, args.tokens, args.accept,
+                                                                    args.variants):
+            if deadline is not None and time.perf_counter() > deadline:  # a caller's time budget is spent
+                results += [Result(family, accept, num_tokens, batch, variant, impl, status="skipped: time budget")
+                            for impl in args.impls]
+                continue
+            key = "repetition_penalty" if variant == "repetition_penalty" else "plain"
+            results += bench_group(setup, family, accept, num_tokens, batch, variant, args.impls, args.repeats,
+                                   prompts_all[:batch], continuations[key][:batch])
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_dspark": hf_dspark.__version__,
             "python": platform.python_version(), "device": str(device), "dtype": args.dtype,
             "threads": args.threads, "num_drafts": NUM_DRAFTS, "prompt_len": PROMPT_LEN,
