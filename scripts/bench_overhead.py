@@ -1,18 +1,20 @@
 """Host overhead of one speculative round: hf-dspark vs transformers' own DFlash and assisted-decoding loops.
 
-The targets are tiny random Llama / Qwen3 models, so a forward costs almost nothing and what is measured is the
-Python and bookkeeping around it: the cost a GPU user pays on top of the model (issue #15). Acceptance is fixed
-by an *oracle*: the plain greedy continuation of every prompt is computed once, and each round the drafter's
-proposal is replaced by ``continuation[pos:pos+γ]`` with the tail from slot k on corrupted, so exactly k of the
-γ = 7 drafts are accepted (``all``: k = 7, ``4of7``: k = 4, ``none``: k = 0). The real drafter still runs
-first (its cost is part of the round); the oracle itself is a gather, no model call and no host sync. Every
-run's output is checked against the continuation (greedy identity), so a broken oracle cannot go unnoticed.
+The targets are tiny random Llama / Qwen3 models (``smollm2``: the SmolLM2-135M architecture, random weights),
+so a forward costs almost nothing and what is measured is the Python and bookkeeping around it: the cost a GPU
+user pays on top of the model (issue #15). Acceptance is fixed by an *oracle*: the plain greedy continuation of
+every prompt is computed once, and each round the drafter's proposal is replaced by ``continuation[pos:pos+γ]``
+with the tail from slot k on corrupted, so exactly k of the γ = 7 drafts are accepted (``all``: k = 7,
+``4of7``: k = 4, ``none``: k = 0). The real drafter still runs first (its cost is part of the round); the oracle
+itself is a gather, no model call and no host sync. Every run's output is checked against the continuation
+(greedy identity: ``status`` says "output differs" otherwise), so a broken oracle cannot go unnoticed.
 
 Implementations (``--impls``):
     dspark    ``target.generate(..., assistant_model=dspark_drafter, dspark_num_tokens=7)``
     engine    ``DSparkEngine(target, drafter, policy="fixed").generate(...)`` (plain variant only)
     dflash    ``target.generate(..., assistant_model=MuseGlimmerAssistantModel, speculation_type="dflash")``
-    assisted  ``target.generate(..., assistant_model=<tiny Llama>)`` with a constant 7-token schedule
+    assisted  ``target.generate(..., assistant_model=<1-layer model>)`` with a constant 7-token schedule
+    plain     plain greedy ``generate`` (opt-in): rounds of one token, the per-token baseline
 transformers refuses batch > 1 for its two loops, reported as n/a.
 
 Variants (``--variants``): ``plain`` greedy, ``min_new_tokens`` (= N: a logits processor that reads the length),
@@ -21,7 +23,8 @@ Variants (``--variants``): ``plain`` greedy, ``min_new_tokens`` (= N: a logits p
 
 Reported per configuration (medians over ``--repeats`` runs, interleaved across implementations in one process):
     ms/round     wall time from the end of the last prefill forward to the return of ``generate``, divided by
-                 the rounds (target forwards over ≤ γ + 1 tokens per row)
+                 the rounds (target forwards over ≤ γ + 1 tokens per row); ``cpu ms``: the same in this
+                 process's CPU time (on a shared CPU machine the steadier of the two)
     syncs/round  device→host reads in that window, from one extra counting run: on CUDA every synchronising
                  call (``torch.cuda.set_sync_debug_mode``); on CPU the calls that would sync on CUDA —
                  ``Tensor.item / tolist / __bool__ / __int__ / __float__ / __index__ / numpy / cpu / nonzero /
@@ -29,8 +32,9 @@ Reported per configuration (medians over ``--repeats`` runs, interleaved across 
                  the target's forward) and ``fwd`` (inside it); ``h2d`` counts ``torch.tensor``/``as_tensor``
                  built from Python data (a blocking copy on CUDA)
     fwd/draft    ms per round inside the target's forward and inside the drafter (hf-dspark: ``draft_block`` +
-                 ``extend_context``; transformers: ``get_candidates``); ``host`` = ms/round − fwd − draft, the
-                 estimate of host time per round excluding both forwards
+                 ``extend_context``; transformers: ``get_candidates``), in CPU time on a CPU and device time
+                 (CUDA events) on a GPU; ``host`` = cpu ms (CPU) or ms/round (GPU) − fwd − draft: the estimate
+                 of host time per round excluding both forwards
 
     PYTHONPATH=. python scripts/bench_overhead.py --out runs/bench_overhead               # full matrix (long)
     PYTHONPATH=. python scripts/bench_overhead.py --quick --out /tmp/bo                    # CI smoke, seconds
@@ -202,7 +206,8 @@ def greedy_continuations(setup: Setup, prompts: torch.Tensor, num_tokens: int, v
 # Instrumentation: forward clocks and host-sync counters (installed only around the measured call)
 # ---------------------------------------------------------------------------------------------------------
 class Clock:
-    """Accumulated seconds of a region; on CUDA measured with events (device time), else wall time."""
+    """Accumulated seconds of a region: on CUDA device time (events); on CPU this process's CPU time, which on a
+    shared machine stays close to what an idle one would take (wall time there counts other jobs' slices)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -213,7 +218,7 @@ class Clock:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
         else:
-            self._start = time.perf_counter()
+            self._start = time.process_time()
 
     def stop(self) -> None:
         if self.cuda:
@@ -221,7 +226,7 @@ class Clock:
             end.record()
             self.pairs.append((self._start, end))
         else:
-            self.seconds += time.perf_counter() - self._start
+            self.seconds += time.process_time() - self._start
 
     def total(self) -> float:
         if self.cuda:
@@ -308,12 +313,14 @@ class RunMeasurement:
 
     rounds: int = 0
     window_s: float = 0.0
+    window_cpu_s: float = 0.0  # this process's CPU time in the window
     forward_s: float = 0.0
     draft_s: float = 0.0
     syncs_loop: int | None = None
     syncs_forward: int | None = None
     h2d: int | None = None
     identical: bool = True  # the output is the greedy continuation
+    on_cuda: bool = False
 
 
 class Probe:
@@ -362,10 +369,11 @@ class Probe:
         self.draft_clock = Clock(self.device)
         if self.counter is not None:
             self.syncs_at_window, self.h2d_at_window = self.counter.d2h, self.counter.h2d
-        self.window_start = time.perf_counter()
+        self.window_start, self.window_cpu_start = time.perf_counter(), time.process_time()
 
-    def measurement(self, end: float) -> RunMeasurement:
+    def measurement(self, end: float, end_cpu: float) -> RunMeasurement:
         m = RunMeasurement(rounds=self.rounds, window_s=end - self.window_start,
+                           window_cpu_s=end_cpu - self.window_cpu_start, on_cuda=self.device.type == "cuda",
                            forward_s=self.forward_clock.total(), draft_s=self.draft_clock.total())
         if self.counter is not None:
             m.syncs_forward = self.syncs_in_forward
@@ -513,10 +521,10 @@ def run_once(impl: str, setup: Setup, cfg: Config, prompts: torch.Tensor, contin
             generated = generate_call(impl, setup, cfg, prompts)
         if setup.device.type == "cuda":
             torch.cuda.synchronize()  # outside the counter: the benchmark's own sync is not the loop's
-        end = time.perf_counter()
+        end, end_cpu = time.perf_counter(), time.process_time()
     if probe.window_start is None or probe.rounds == 0:
         raise RuntimeError(f"{impl} on {cfg}: no decode round was seen")
-    measurement = probe.measurement(end)
+    measurement = probe.measurement(end, end_cpu)
     measurement.identical = torch.equal(generated.cpu(), continuation[:, :cfg.num_tokens].cpu())
     return measurement
 
@@ -534,6 +542,7 @@ class Result:
     rounds: int | None = None
     tokens_per_round: float | None = None
     ms_per_round: float | None = None
+    cpu_ms_per_round: float | None = None
     forward_ms: float | None = None
     draft_ms: float | None = None
     host_ms: float | None = None
@@ -552,11 +561,15 @@ def summarize(impl: str, cfg: Config, counted: RunMeasurement, timed: list[RunMe
     before = ACCEPTED[cfg.accept] + 1 if impl == "assisted" else 1
     med = lambda values: statistics.median(values) * 1e3  # noqa: E731 - seconds per round -> ms
     ms = med([m.window_s / m.rounds for m in timed])
+    cpu_ms = med([m.window_cpu_s / m.rounds for m in timed])
     fwd = med([m.forward_s / m.rounds for m in timed])
     drf = med([m.draft_s / m.rounds for m in timed])
+    # the split is in the forward clocks' unit: device time on CUDA (against wall time), CPU time on a CPU
+    split_of = ms if counted.on_cuda else cpu_ms
     return Result(cfg.family, cfg.accept, cfg.num_tokens, cfg.batch, cfg.variant, impl, rounds=rounds,
                   tokens_per_round=round((cfg.num_tokens - before) / rounds, 2), ms_per_round=round(ms, 3),
-                  forward_ms=round(fwd, 3), draft_ms=round(drf, 3), host_ms=round(ms - fwd - drf, 3),
+                  cpu_ms_per_round=round(cpu_ms, 3), forward_ms=round(fwd, 3), draft_ms=round(drf, 3),
+                  host_ms=round(split_of - fwd - drf, 3),
                   syncs_per_round=round((counted.syncs_loop + counted.syncs_forward) / rounds, 2),
                   syncs_loop_per_round=round(counted.syncs_loop / rounds, 2),
                   syncs_forward_per_round=round(counted.syncs_forward / rounds, 2),
@@ -591,7 +604,7 @@ def bench_group(setup: Setup, family: str, accept: str, num_tokens: int, batch: 
 # Report
 # ---------------------------------------------------------------------------------------------------------
 COLUMNS = [("model", "model"), ("accept", "accept"), ("num_tokens", "N"), ("batch", "B"), ("variant", "variant"),
-           ("impl", "impl"), ("tokens_per_round", "τ"), ("ms_per_round", "ms/round"),
+           ("impl", "impl"), ("tokens_per_round", "τ"), ("ms_per_round", "ms/round"), ("cpu_ms_per_round", "cpu ms"),
            ("syncs_per_round", "syncs/round"), ("syncs_loop_per_round", "loop"), ("syncs_forward_per_round", "fwd"),
            ("h2d_per_round", "h2d"), ("forward_ms", "fwd ms"), ("draft_ms", "draft ms"), ("host_ms", "host ms"),
            ("status", "status")]
