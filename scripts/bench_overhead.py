@@ -623,16 +623,19 @@ def markdown_table(results: list[Result]) -> str:
 
 
 def growth_table(results: list[Result]) -> str:
-    """ms/round at the longest N over the shortest, per (model, accept, batch, variant, impl)."""
-    by_key: dict[tuple, dict[int, float]] = {}
+    """ms/round at the longest N over the shortest, per (model, accept, batch, variant, impl), in wall and CPU
+    time (the goal of issue #15: at most 1.15×)."""
+    by_key: dict[tuple, dict[int, Result]] = {}
     for r in results:
         if r.ms_per_round is not None:
-            by_key.setdefault((r.model, r.accept, r.batch, r.variant, r.impl), {})[r.num_tokens] = r.ms_per_round
-    lines = ["| model | accept | B | variant | impl | growth |", "|---|---|---|---|---|---|"]
+            by_key.setdefault((r.model, r.accept, r.batch, r.variant, r.impl), {})[r.num_tokens] = r
+    lines = ["| model | accept | B | variant | impl | N | growth (wall) | growth (cpu) |", "|---|---|---|---|---|---|---|---|"]
     for key, per_n in by_key.items():
         if len(per_n) > 1:
-            lo, hi = min(per_n), max(per_n)
-            lines.append("| " + " | ".join(map(str, key)) + f" | {per_n[hi] / per_n[lo]:.2f}× ({lo}→{hi}) |")
+            lo, hi = per_n[min(per_n)], per_n[max(per_n)]
+            lines.append("| " + " | ".join(map(str, key)) + f" | {lo.num_tokens}→{hi.num_tokens} | "
+                         f"{hi.ms_per_round / lo.ms_per_round:.2f}× | "
+                         f"{hi.cpu_ms_per_round / lo.cpu_ms_per_round:.2f}× |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
