@@ -1,0 +1,52 @@
+"""bench_overhead.py --quick: every implementation runs under the oracle, reproduces the greedy continuation,
+and reports rounds, τ, ms and host syncs per round (the JSON and the markdown table are written)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_json_and_table(bench, tmp_path):
+    doc = bench.main(["--quick", "--impls", "plain", "dspark", "engine", "dflash", "assisted", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "bench_overhead.json").read_text()) == doc
+    assert "| ms/round |" in (tmp_path / "bench_overhead.md").read_text()
+    results = {(r["batch"], r["variant"], r["impl"]): r for r in doc["results"]}
+    measured = [r for r in results.values() if r["status"] == "ok"]
+    assert not [r for r in results.values() if not r["status"].startswith(("ok", "n/a"))]  # greedy identity
+    for r in measured:
+        assert r["rounds"] > 0 and r["ms_per_round"] > 0 and r["syncs_per_round"] is not None
+    # the oracle fixes acceptance: 4 of 7 drafts + the bonus token each round (the last round is clipped)
+    assert 4.0 <= results[(1, "plain", "dspark")]["tokens_per_round"] <= 5.0
+    assert results[(1, "plain", "plain")]["tokens_per_round"] == 1.0
+    assert results[(1, "plain", "dflash")]["status"] == "ok"
+    assert results[(2, "plain", "dflash")]["status"].startswith("n/a")  # transformers refuses batch > 1
+    assert results[(2, "repetition_penalty", "engine")]["status"].startswith("n/a")
+    assert results[(1, "plain", "plain")]["syncs_per_round"] >= 1  # the counter sees transformers' own sync
+
+
+def test_sync_counter_counts_device_to_host_reads_once(bench):
+    import torch
+
+    x = torch.arange(4)
+    with bench.SyncCounter(torch.device("cpu")) as counter:
+        x.tolist(), int(x[0]), bool(x.any()), x.sum().item(), x.nonzero(), torch.tensor([1, 2])
+        x[1:3] + 1  # indexing with python ints reads nothing back
+    assert (counter.d2h, counter.h2d) == (5, 1)
+    assert torch.Tensor.item is not counter._counting  # patches undone
+    assert "item" not in vars(torch.Tensor) and "__bool__" not in vars(torch.Tensor)
