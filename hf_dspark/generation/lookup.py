@@ -14,7 +14,8 @@ costs O(sequence) per round, which at 8k tokens of agent history is more than a 
 Here each committed token updates ``max_match`` hash tables once (O(max_match)), and a proposal costs at most
 ``max_match`` probes plus one probe per drafted token, independent of the sequence length. Each table maps an
 n-gram to its continuations; the common case (seen once) stores the continuation token itself, so memory is
-about ``max_match`` dict entries per token (~1 KB/token at ``max_match=8``, measured by ``scripts/bench_lookup.py``).
+at most ``max_match`` dict entries per token, fewer where text repeats (``max_match=8``, agent-loop text: ~1.5 KB
+per token at 256 tokens, ~0.6 KB at 2k, ~0.35 KB at 8k; ``scripts/bench_lookup.py`` measures it).
 
 Why a walk over counts rather than copying the text after one occurrence: when an n-gram was followed by different
 tokens (a JSON key with several values), the majority continuation is the better guess, and SuffixDecoding's
@@ -124,10 +125,10 @@ class LookupIndex:
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append committed tokens, recording each as the continuation of the 1..max_match tokens before it."""
-        seq, tables, max_match = self.tokens, self._tables, self.max_match
+        seq, tables, max_match, segment_start = self.tokens, self._tables, self.max_match, self._segment_start
         for token in map(int, tokens):
             i = len(seq)
-            window = tuple(seq[max(self._segment_start, i - max_match):i])
+            window = tuple(seq[max(segment_start, i - max_match):i])
             width = len(window)
             for n in range(1, width + 1):
                 context = window[width - n:]
@@ -135,7 +136,7 @@ class LookupIndex:
                 seen = table.get(context)
                 if seen is None:
                     table[context] = token
-                elif isinstance(seen, int):
+                elif isinstance(seen, int):  # seen once: the continuation token itself
                     table[context] = _Continuations(seen, token)
                 else:
                     seen.add(token)
@@ -228,7 +229,7 @@ def _identity(obj) -> str:
 class LookupHistory:
     """Bounded, keyed store of earlier sequences for lookup, shared by the rows (and calls) given the same key.
 
-    Memory: at most ``max_tokens`` tokens over all keys (about 1 KB each, see the module docstring). Each key
+    Memory: at most ``max_tokens`` tokens over all keys (0.4-1.5 KB each, see the module docstring). Each key
     fills *generations* of ``max_tokens / num_generations`` tokens; when the budget is exceeded the oldest
     generation of any key is dropped whole (FIFO). Why generations instead of per-entry LRU: dropping a table
     is O(1) and needs no removal of counts; a lookup probes the key's few generations, newest first.

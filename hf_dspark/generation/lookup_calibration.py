@@ -12,11 +12,16 @@ c_j as an acceptance *rate* per bucket of what the proposal knew when it was mad
 * the position j in the proposal (1 .. ``max_position``, later positions share the last bucket).
 
 Estimate: a two-level Beta posterior. The cell's rate shrinks towards its parent (same source, match length and
-position, pooled over evidence buckets) with ``pool_strength`` pseudo-counts, and the parent towards the seed
-prior with ``prior_strength`` pseudo-counts, so a cell speaks from its first few events without being noise.
-Counts are capped at ``max_events`` per cell (both scaled down together), so the estimate follows traffic that
-drifts. Why a seed that grows with n: an 8-token match is usually inside a copied span and accepted most of the
-time, a 1-token match (one common token) rarely; the seed only matters until a cell has seen a few drafts.
+evidence, pooled over positions) with ``pool_strength`` pseudo-counts, and the parent towards the seed prior with
+``prior_strength`` pseudo-counts, so a cell speaks from its first few events without being noise. Why pool over
+positions and not over evidence: on the agent-loop transcripts (``scripts/bench_lookup.py``) the evidence moves
+the rate from ~0.25 (a minority continuation) to ~0.9 (always followed by the draft), while inside one match
+bucket the rate barely changes with j. Counts are capped at ``max_events`` per cell (both scaled down together),
+so the estimate follows traffic that drifts.
+
+The seed (:data:`DEFAULT_PRIOR` × :data:`DEFAULT_SUPPORT_FACTOR`, capped at 0.95) is the rate per match bucket
+and evidence measured on those transcripts, rounded: a 1-token match (one common token) is accepted ~30 % of the
+time, an 8-token match (inside a copied span) ~90 %. It matters only until a bucket has seen a few drafts.
 
 Losslessness: c_j depends on the proposal's features, and the whole proposal is a deterministic function of
 committed tokens, so admitting draft j on c_j never looks at draft j's verification (``scheduler.py``).
@@ -35,14 +40,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .lookup import HISTORY_SOURCE, LookupProposal
+from .lookup import HISTORY_SOURCE, ROW_SOURCE, LookupProposal
 
 logger = logging.getLogger(__name__)
 
 #: match length n -> bucket: 1, 2, 3-4, 5-7, >= 8
 _MATCH_BUCKETS = (0, 1, 2, 2, 3, 3, 3)
 #: Seed P(accept | reached) per match bucket (1, 2, 3-4, 5-7, >= 8) before any evidence.
-DEFAULT_PRIOR = (0.25, 0.4, 0.55, 0.7, 0.8)
+DEFAULT_PRIOR = (0.3, 0.55, 0.7, 0.75, 0.9)
+#: ... times this per evidence bucket (see :func:`support_bucket`), capped at MAX_PRIOR.
+DEFAULT_SUPPORT_FACTOR = (1.0, 1.05, 1.1, 0.6, 0.3, 1.0)
+MAX_PRIOR = 0.95
+NUM_MATCH_BUCKETS = 5
 NUM_SUPPORT_BUCKETS = 6
 
 
@@ -81,9 +90,10 @@ class LookupCalibrator:
     """Per-bucket acceptance rates of lookup drafts, updated online from verified rounds.
 
     Args:
-        prior (sequence of 5 floats, defaults to DEFAULT_PRIOR): seed rate per match bucket (1, 2, 3-4, 5-7, ≥8).
-        prior_strength (float, defaults to 4.0): pseudo-drafts of the seed in each (source, match, position) parent.
-        pool_strength (float, defaults to 4.0): pseudo-drafts of the parent in each evidence cell.
+        prior (sequence of 5 floats, defaults to DEFAULT_PRIOR): seed rate per match bucket (1, 2, 3-4, 5-7, ≥8),
+            multiplied by ``DEFAULT_SUPPORT_FACTOR`` per evidence bucket (capped at 0.95).
+        prior_strength (float, defaults to 4.0): pseudo-drafts of the seed in each (source, match, evidence) parent.
+        pool_strength (float, defaults to 4.0): pseudo-drafts of the parent in each cell (parent × position).
         max_position (int, defaults to 16): positions beyond it share its bucket.
         max_events (float, defaults to 2048): cap on a cell's counts (older evidence fades beyond it).
         max_records (int, defaults to 100_000): predictions kept for the ECE report (the most recent).
@@ -101,12 +111,14 @@ class LookupCalibrator:
                              f"max_events >= 1, max_records >= 0; got {prior_strength}, {pool_strength}, "
                              f"{max_position}, {max_events}, {max_records}")
         self.prior = prior
+        # seed per parent (match, evidence); the same for both sources
+        self._seed = [min(MAX_PRIOR, p * f) for p in prior for f in DEFAULT_SUPPORT_FACTOR]
         self.prior_strength, self.pool_strength = prior_strength, pool_strength
         self.max_position, self.max_events = max_position, max_events
         # flat [accepted, reached] pairs (python floats: a proposal reads a few cells, numpy indexing costs more)
-        num_parents = 2 * 5 * max_position  # source, match bucket, position
+        num_parents = 2 * NUM_MATCH_BUCKETS * NUM_SUPPORT_BUCKETS  # source, match bucket, evidence bucket
         self._parent = [[0.0, 0.0] for _ in range(num_parents)]
-        self._cell = [[0.0, 0.0] for _ in range(num_parents * NUM_SUPPORT_BUCKETS)]
+        self._cell = [[0.0, 0.0] for _ in range(num_parents * max_position)]
         self.num_rounds = 0
         self._conditional: deque[tuple[float, bool]] = deque(maxlen=max_records)
         self._joint: deque[tuple[float, bool]] = deque(maxlen=max_records)
@@ -117,15 +129,16 @@ class LookupCalibrator:
         for j in range(num):
             count = proposal.counts[j] if j < len(proposal.counts) else 0
             total = proposal.totals[j] if j < len(proposal.totals) else 0
-            parent = (source * 5 + match) * self.max_position + min(j, self.max_position - 1)
-            yield match, parent, parent * NUM_SUPPORT_BUCKETS + support_bucket(count, total)
+            seed = match * NUM_SUPPORT_BUCKETS + support_bucket(count, total)
+            parent = source * NUM_MATCH_BUCKETS * NUM_SUPPORT_BUCKETS + seed
+            yield seed, parent, parent * self.max_position + min(j, self.max_position - 1)
 
     def confidences(self, proposal: LookupProposal) -> list[float]:
         """c_j for j = 1..len(proposal): P(draft j accepted | drafts < j accepted)."""
         out = []
-        for match, parent, cell in self._keys(proposal, len(proposal)):
+        for seed, parent, cell in self._keys(proposal, len(proposal)):
             accepted, reached = self._parent[parent]
-            rate = (accepted + self.prior_strength * self.prior[match]) / (reached + self.prior_strength)
+            rate = (accepted + self.prior_strength * self._seed[seed]) / (reached + self.prior_strength)
             accepted, reached = self._cell[cell]
             out.append((accepted + self.pool_strength * rate) / (reached + self.pool_strength))
         return out
@@ -176,12 +189,25 @@ class LookupCalibrator:
             counts[0] *= scale
             counts[1] *= scale
 
-    def rates(self, source: str = "row") -> np.ndarray:
-        """Parent estimates [match bucket, position] for one source (what the cells shrink towards)."""
-        first = (1 if source == HISTORY_SOURCE else 0) * 5 * self.max_position
-        counts = np.array(self._parent[first:first + 5 * self.max_position]).reshape(5, self.max_position, 2)
-        prior = np.asarray(self.prior)[:, None]
-        return (counts[..., 0] + self.prior_strength * prior) / (counts[..., 1] + self.prior_strength)
+    def rates(self, source: str = ROW_SOURCE) -> np.ndarray:
+        """Parent estimates [match bucket, evidence bucket] for one source (what the cells shrink towards)."""
+        size = NUM_MATCH_BUCKETS * NUM_SUPPORT_BUCKETS
+        first = (1 if source == HISTORY_SOURCE else 0) * size
+        counts = np.array(self._parent[first:first + size]).reshape(NUM_MATCH_BUCKETS, NUM_SUPPORT_BUCKETS, 2)
+        seed = np.array(self._seed).reshape(NUM_MATCH_BUCKETS, NUM_SUPPORT_BUCKETS)
+        return (counts[..., 0] + self.prior_strength * seed) / (counts[..., 1] + self.prior_strength)
+
+    def num_events(self, source: str = ROW_SOURCE) -> np.ndarray:
+        """Reached drafts counted per cell [match bucket, evidence bucket, position] (after the ``max_events`` cap)."""
+        size = NUM_MATCH_BUCKETS * NUM_SUPPORT_BUCKETS * self.max_position
+        first = (1 if source == HISTORY_SOURCE else 0) * size
+        return np.array([c[1] for c in self._cell[first:first + size]]).reshape(
+            NUM_MATCH_BUCKETS, NUM_SUPPORT_BUCKETS, self.max_position)
+
+    def clear_records(self) -> None:
+        """Forget the recorded predictions (the ECE window), keeping the learned counts."""
+        self._conditional.clear()
+        self._joint.clear()
 
     def report(self, bins: int | None = None, noise_floor_draws: int = 200) -> LookupCalibrationReport:
         """ECE of the recorded predictions with the drafter's metric and its noise floor (20 bins by default)."""
@@ -204,4 +230,5 @@ class LookupCalibrator:
             ece_joint_noise_floor=floor_j)
 
 
-__all__ = ["DEFAULT_PRIOR", "LookupCalibrationReport", "LookupCalibrator", "match_bucket", "support_bucket"]
+__all__ = ["DEFAULT_PRIOR", "DEFAULT_SUPPORT_FACTOR", "LookupCalibrationReport", "LookupCalibrator", "match_bucket",
+           "support_bucket"]

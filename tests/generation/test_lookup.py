@@ -9,7 +9,8 @@ import pytest
 
 from hf_dspark.generation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex, LookupProposal,
                                          LookupProposer)
-from hf_dspark.generation.lookup_calibration import DEFAULT_PRIOR, LookupCalibrator, match_bucket, support_bucket
+from hf_dspark.generation.lookup_calibration import (DEFAULT_PRIOR, DEFAULT_SUPPORT_FACTOR, LookupCalibrator,
+                                                     match_bucket, support_bucket)
 
 KEY_A = LookupHistoryKey("target-x", "tok-x", scope="user-a")
 KEY_B = LookupHistoryKey("target-x", "tok-x", scope="user-b")
@@ -326,8 +327,9 @@ def _true_rate(proposal: LookupProposal, j: int) -> float:
 
 def test_calibrator_starts_at_its_prior():
     calibrator = LookupCalibrator()
-    proposal = LookupProposal((1, 2, 3), 8, (1, 1, 1), (1, 1, 1))
-    assert calibrator.confidences(proposal) == pytest.approx([DEFAULT_PRIOR[4]] * 3)
+    proposal = LookupProposal((1, 2, 3), 8, (1, 2, 1), (1, 5, 1))  # seen once, minority, seen once
+    once, minority = DEFAULT_PRIOR[4], DEFAULT_PRIOR[4] * DEFAULT_SUPPORT_FACTOR[4]
+    assert calibrator.confidences(proposal) == pytest.approx([once, minority, once])
     assert [match_bucket(n) for n in range(1, 12)] == [0, 1, 2, 2, 3, 3, 3, 4, 4, 4, 4]
     assert [support_bucket(*x) for x in ((1, 1), (3, 3), (4, 4), (2, 3), (1, 3), (0, 0))] == [0, 1, 2, 3, 4, 5]
     matrix = calibrator.confidence_matrix([proposal, NO_PROPOSAL], width=5)
@@ -362,11 +364,12 @@ def test_calibrator_counts_only_verified_and_reached_drafts():
     calibrator = LookupCalibrator()
     proposal = LookupProposal((1, 2, 3, 4), 2, (1,) * 4, (1,) * 4)
     calibrator.observe(proposal, num_verified=3, num_accepted=1)  # draft 1 accepted, 2 rejected, 3 unreached
-    rates = calibrator.rates("row")[match_bucket(2)]
     strength, prior = calibrator.prior_strength, DEFAULT_PRIOR[1]
-    assert rates[0] == pytest.approx((1 + strength * prior) / (1 + strength))
-    assert rates[1] == pytest.approx(strength * prior / (1 + strength))
-    assert rates[2] == pytest.approx(prior)
+    assert calibrator.rates("row")[match_bucket(2), support_bucket(1, 1)] == pytest.approx(
+        (1 + strength * prior) / (2 + strength))  # parent: pooled over positions, 1 of 2 accepted
+    events = calibrator.num_events("row")[match_bucket(2), support_bucket(1, 1)]
+    assert events[:3].tolist() == [1.0, 1.0, 0.0] and events.sum() == 2
+    assert calibrator.num_events("history").sum() == 0
     calibrator.observe(proposal, num_verified=0, num_accepted=0)
     assert calibrator.num_rounds == 1
     with pytest.raises(ValueError, match="num_accepted <= num_verified"):
