@@ -15,7 +15,7 @@ Here each committed token updates ``max_match`` hash tables once (O(max_match)),
 ``max_match`` probes plus one probe per drafted token, independent of the sequence length. Each table maps an
 n-gram to its continuations; the common case (seen once) stores the continuation token itself, so memory is
 at most ``max_match`` dict entries per token, fewer where text repeats (``max_match=8``, agent-loop text: ~1.5 KB
-per token at 256 tokens, ~0.6 KB at 2k, ~0.35 KB at 8k; ``scripts/bench_lookup.py`` measures it).
+per token at 256 tokens, ~0.5-0.6 KB at 2k, ~0.25-0.4 KB at 8k; ``scripts/bench_lookup.py`` measures it).
 
 Why a walk over counts rather than copying the text after one occurrence: when an n-gram was followed by different
 tokens (a JSON key with several values), the majority continuation is the better guess, and SuffixDecoding's
