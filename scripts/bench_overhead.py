@@ -53,6 +53,7 @@ import platform
 import statistics
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -246,6 +247,7 @@ class SyncCounter:
         self.cuda = device.type == "cuda"
         self.d2h = self.h2d = 0
         self._depth = 0
+        self._host: dict[int, weakref.ref] = {}  # id -> tensor known to be host memory (see __enter__)
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "SyncCounter":
@@ -256,28 +258,45 @@ class SyncCounter:
             torch.cuda.set_sync_debug_mode("warn")
             self._stack.callback(torch.cuda.set_sync_debug_mode, "default")
             return self
+        # On CPU every tensor is host memory, so "a sync" is a read of a tensor that would live on the device:
+        # tensors built from Python / numpy data and the results of a D2H copy (.cpu(), .to("cpu"), .numpy()) are
+        # host tensors already, and reading them again costs nothing on CUDA either (they are not counted).
         for name in self.D2H_METHODS:
-            self._patch(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), "d2h"))
+            self._patch(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), "d2h",
+                                                           marks_result=name in ("cpu", "numpy")))
         for name in ("nonzero", "equal"):
             self._patch(torch, name, self._counting(getattr(torch, name), "d2h"))
         original_to = torch.Tensor.to
 
         def to(tensor, *args, **kwargs):
             if "cpu" in args or kwargs.get("device") == "cpu":
-                self._count("d2h")
+                if not self._is_host(tensor):
+                    self._count("d2h")
+                return self._mark(original_to(tensor, *args, **kwargs))
             return original_to(tensor, *args, **kwargs)
 
         self._patch(torch.Tensor, "to", to)
-        for name in ("tensor", "as_tensor"):
+        for name in ("tensor", "as_tensor", "from_numpy"):
             original = getattr(torch, name)
 
             def build(data, *args, _original=original, **kwargs):
                 if not isinstance(data, torch.Tensor):
                     self._count("h2d")
-                return _original(data, *args, **kwargs)
+                result = _original(data, *args, **kwargs)
+                on_host = kwargs.get("device") in (None, "cpu") and not (args and args[0] not in (None, "cpu"))
+                return self._mark(result) if on_host and not isinstance(data, torch.Tensor) else result
 
             self._patch(torch, name, build)
         return self
+
+    def _mark(self, tensor):
+        if isinstance(tensor, torch.Tensor):
+            self._host[id(tensor)] = weakref.ref(tensor)
+        return tensor
+
+    def _is_host(self, tensor) -> bool:
+        ref = self._host.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+        return ref is not None and ref() is tensor
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
@@ -292,14 +311,16 @@ class SyncCounter:
         if self._depth == 0:
             setattr(self, kind, getattr(self, kind) + 1)
 
-    def _counting(self, original: Callable, kind: str) -> Callable:
+    def _counting(self, original: Callable, kind: str, marks_result: bool = False) -> Callable:
         def counted(*args, **kwargs):
-            self._count(kind)
+            if not (args and self._is_host(args[0])):
+                self._count(kind)
             self._depth += 1  # a counted call that calls another (e.g. __contains__ -> item) counts once
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 self._depth -= 1
+            return self._mark(result) if marks_result else result
         return counted
 
     def _on_warning(self, message, category, filename, lineno, file=None, line=None) -> None:

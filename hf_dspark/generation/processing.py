@@ -56,6 +56,15 @@ def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int
             for pad in num_pad]
 
 
+def apply_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``processors(input_ids, scores)`` without ``LogitsProcessorList.__call__``'s per-call ``inspect.signature``
+    of every processor (≈ 0.2 ms each): plain generate pays it once per token, a speculative round once per drafted
+    slot and verified position. Same semantics for the two-argument call generate makes."""
+    for processor in processors:
+        scores = processor(input_ids, scores)
+    return scores
+
+
 class RowLogitsProcessor:
     """Per-row processors bound to per-row prefixes: ``self(tail_ids [B, k], logits [B, V])`` processes row b's
     logits with ``processors[b]`` and input ids ``prefix_b + tail_ids[b]``. ``processors`` is one list per row
@@ -98,11 +107,11 @@ class RowLogitsProcessor:
         if self.is_identity:
             return logits
         if self.ids_independent:
-            return self.processors(tail_ids, logits)
+            return apply_processors(self.processors, tail_ids, logits)
         rows = []
         for b in range(logits.shape[0]):
             processors = self.processors if self.row_processors is None else self.row_processors[b]
-            rows.append(processors(self._ids(b, tail_ids[b])[None], logits[b:b + 1]))
+            rows.append(apply_processors(processors, self._ids(b, tail_ids[b])[None], logits[b:b + 1]))
         return torch.cat(rows, dim=0)
 
     def process_positions(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

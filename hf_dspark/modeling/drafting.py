@@ -146,8 +146,16 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
     stop_at = torch.full((bsz,), gamma, dtype=torch.long, device=device)
     prev = anchor_ids
     drafted = 0
-    for k in range(gamma):
+    if fast_greedy and head is None and not early_exit and gamma:
+        # no sequential head: the slots are independent, one argmax for the whole block
+        best = base_logits.argmax(dim=-1)
+        tokens[:] = best if model.draft_to_target is None else model.draft_to_target[best]
+        parts = [(base_logits[:, k], None) for k in range(gamma)]
+        drafted = gamma
+    for k in range(drafted, gamma):
         prev_emb = head.markov_w1(prev) if head is not None else None
+        # NOTE: c_k is computed slot by slot even without an early exit: a batched call rounds differently, and the
+        # early-exit and full-block paths must score every slot bit-identically (one threshold, one decision)
         if model.confidence_head is not None:
             conf_logits.append(model.confidence_head(hidden[:, k], prev_emb).float())
         if early_exit:
