@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -374,7 +375,7 @@ class DSparkTrainer:
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         path = Path(path)
-        state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=False)
+        state = load_trainer_state(path / STATE_NAME)
         changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
                    if self._resume_params.get(k) != v}
         if changed:
@@ -387,6 +388,17 @@ class DSparkTrainer:
         self.step = state["step"]
         self.stream = SampleStream(len(self.dataset), self.config.seed, **state["stream"])
         logger.info("Resumed from %s at step %d", path, self.step)
+
+
+def load_trainer_state(path: str | os.PathLike) -> dict:
+    """The trainer state of a checkpoint, unpickled with ``weights_only=True``: it holds only tensors, numbers,
+    strings and containers, so anything else in the file (code a tampered run folder would execute) is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"Refusing to resume from {path}: it holds objects other than tensors, numbers and "
+                         "containers, which a trainer state never does (the file may have been tampered with). "
+                         f"Resume from a checkpoint written by DSparkTrainer. Details: {err}") from None
 
 
 def _raise_if_target_params(params: list[nn.Parameter], target: nn.Module) -> None:
