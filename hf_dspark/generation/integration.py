@@ -119,8 +119,11 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
 
 def _bind_on_first_use(drafter, target) -> None:
     """A drafter bound elsewhere (or nowhere) serves this target once bound to it: shapes and embedding are
-    checked and it is cast to the target's dtype/device (``bind_target`` logs that in one INFO line)."""
-    if getattr(drafter, "_bound_target", [])[:1] != [target]:
+    checked and it is cast to the target's dtype/device (``bind_target`` logs that in one INFO line). So is a
+    drafter moved or cast (``.to(...)``) after binding, which would otherwise fail inside a matmul."""
+    weight, own = target.get_input_embeddings().weight, next(drafter.parameters(), None)
+    moved = own is not None and (own.dtype, own.device) != (weight.dtype, weight.device)
+    if moved or getattr(drafter, "_bound_target", [])[:1] != [target]:
         drafter.bind_target(target)
 
 

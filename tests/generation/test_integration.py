@@ -144,3 +144,13 @@ def test_streamer_is_ended_when_generate_fails(target, draft, monkeypatch):
     assert "<blocked>" not in _consume(streamer)
     worker.join()
     assert len(errors) == 1 and "injected drafting failure" in str(errors[0])
+
+
+def test_drafter_cast_after_binding_is_cast_back(target, draft, expected):
+    draft.to(torch.bfloat16)  # e.g. to save it in bf16, then used again with the fp32 target
+    try:
+        assert torch.equal(target.generate(PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False),
+                           expected)
+        assert draft.dtype == torch.float32
+    finally:
+        draft.to(torch.float32)
