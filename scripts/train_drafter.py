@@ -1,13 +1,23 @@
 """Train a DSpark (or DFlash: --head none) drafter on a target cache built by scripts/build_target_cache.py.
 
-The same command runs on one CPU, one GPU, or many GPUs / nodes (`accelerate launch scripts/train_drafter.py ...`).
+The same command runs on one CPU, one GPU, or several processes (GPUs, CPU processes, nodes).
 Stops at --steps (or --epochs), or cleanly at --max-minutes with a checkpoint; --resume continues exactly.
 The finished drafter is written to <out>/drafter (fp32; the target's embedding / LM head are never saved).
+The log states the number of processes and the global batch (batch x grad-accum x processes) at start.
 
     python scripts/train_drafter.py --cache cache/smollm2 --out runs/dspark --steps 2000 --max-minutes 600
     python scripts/train_drafter.py --cache cache/smollm2 --out runs/dspark --steps 2000 --resume
+
+Several processes. On a host with several GPUs accelerate turns --num_processes N into N processes by itself:
+
     accelerate launch --num_processes 8 scripts/train_drafter.py --cache cache/x --out runs/x --epochs 10 \\
         --batch-size 4 --grad-accum 16 --num-anchors 512 --num-layers 5
+
+On a CPU-only host plain `accelerate launch --num_processes N` starts ONE process (accelerate's simple launcher;
+the log then warns). These start N processes there (gloo), and on multi-GPU hosts too:
+
+    accelerate launch --multi_gpu --num_processes 2 scripts/train_drafter.py --cache cache/x --out runs/x ...
+    torchrun --nproc_per_node 2 scripts/train_drafter.py --cache cache/x --out runs/x ...
 """
 
 from __future__ import annotations
@@ -146,10 +156,10 @@ def main(argv=None) -> None:
                 args.head, drafter.config.num_hidden_layers, drafter.config.block_size, num_params / 1e6, len(dataset), steps)
     trainer = DSparkTrainer(drafter, dataset, config, accelerator=accelerator)
     last = trainer.train(resume=args.resume)
-    if last:
+    if last and accelerator.is_main_process:
         logger.info("Stopped at step %d/%d: loss %.4f, tau_probabilistic %.3f", trainer.step, steps, last["loss"],
                     last["tau_probabilistic"])
-    if trainer.step >= steps:
+    if trainer.step >= steps and accelerator.is_main_process:
         logger.info("Drafter written to %s", Path(args.out) / "drafter")
 
 

@@ -6,16 +6,41 @@ wrapper around ``target.generate``: when the assistant is a DSpark drafter the c
 ``generate`` with ``custom_generate=dspark_decode`` (a public transformers API), so all of transformers' input,
 processor, stopping-criteria and cache preparation still runs; any other call goes to the original method
 untouched. ``disable(target)`` removes the wrapper.
+
+A drafter bound to another target (or not at all) is bound to this one on first use, which casts it to the
+target's dtype and device. A target without the wrapper never reaches us: transformers then asks the drafter
+for ``generation_config``, and the drafter answers with a ValueError that says to bind it (see
+``DSparkDraftModel.generation_config``).
+
+DSpark-specific ``generate`` keywords (all optional):
+
+* ``dspark_num_tokens`` (int >= 0): drafts proposed per round, at most the drafter's block size (default: the
+  whole block). ``0`` = no drafting: the call decodes plainly (transformers' own loop, the same tokens as
+  without ``assistant_model``; a ``dspark_recorder`` sees no rounds).
+* ``dspark_confidence_threshold`` (finite float >= 0): a row's proposal stops at the first draft whose
+  calibrated confidence is below it (default: the drafter config's ``confidence_threshold``); values above 1
+  never draft.
+* ``generator`` (torch.Generator): seeds drafting and verification; ``dspark_recorder``: per-round records.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import numbers
+import warnings
 
+import torch
+
+from ..metrics import DSparkStats
 from ..modeling.modeling import TARGET_BIND_HOOKS
 from .generate import dspark_decode
 
+logger = logging.getLogger(__name__)
+
 _MARKER = "_hf_dspark_original_generate"
+_DSPARK_KWARGS = ("dspark_num_tokens", "dspark_confidence_threshold")
 
 
 def is_dspark_drafter(obj) -> bool:
@@ -36,13 +61,24 @@ def enable(target) -> None:
                 raise ValueError("dspark_recorder= records speculative rounds; it needs a DSpark assistant_model.")
             extra = {"generator": generator} if generator is not None else {}
             return original(*args, assistant_model=assistant_model, streamer=streamer, **extra, **kwargs)
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError("custom_generate cannot be combined with a DSpark assistant_model.")
-        # Streamer and generator travel under our own names: transformers drops a custom_generate callable's
-        # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
-        return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
-                        dspark_streamer=streamer, dspark_generator=generator, dspark_recorder=dspark_recorder,
-                        **kwargs)
+        try:
+            _raise_if_invalid_generate_kwargs(assistant_model, args, kwargs, streamer, generator)
+            _bind_on_first_use(assistant_model, target)
+            _warn_if_outputs_are_dropped(target, args, kwargs)
+            if kwargs.get("dspark_num_tokens") == 0:  # no drafting: plain decoding, documented above
+                assistant_model.stats = DSparkStats.new(assistant_model.config.block_size)
+                plain = {k: v for k, v in kwargs.items() if k not in _DSPARK_KWARGS}
+                return original(*args, streamer=streamer, **plain)
+            # Streamer and generator travel under our own names: transformers drops a custom_generate callable's
+            # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
+            return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
+                            dspark_streamer=streamer, dspark_generator=generator, dspark_recorder=dspark_recorder,
+                            **kwargs)
+        except BaseException:
+            # A consumer iterating a TextIteratorStreamer in another thread would otherwise block until its
+            # timeout (or forever): end the stream, then let the error through.
+            _end_stream(streamer)
+            raise
 
     target.__dict__[_MARKER] = original
     target.generate = generate
@@ -53,6 +89,75 @@ def disable(target) -> None:
     if _MARKER in target.__dict__:
         del target.__dict__["generate"]
         del target.__dict__[_MARKER]
+
+
+def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, streamer, generator) -> None:
+    """Refuse, before any decoding, what the speculative loop would crash on or silently misread."""
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError("custom_generate cannot be combined with a DSpark assistant_model.")
+    num_tokens = kwargs.get("dspark_num_tokens")
+    block_size = drafter.config.block_size
+    if num_tokens is not None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) or not (
+                0 <= num_tokens <= block_size):
+            raise ValueError(f"dspark_num_tokens={num_tokens!r} must be an int in [0, {block_size}] (the drafter's "
+                             "block_size): drafts proposed per round, 0 = no drafting (plain decoding).")
+        if num_tokens == 0 and generator is not None:
+            raise ValueError("generator= seeds DSpark's drafting and verification, but dspark_num_tokens=0 decodes "
+                             "plainly through transformers, which samples from torch's global RNG: drop generator= "
+                             "and call torch.manual_seed(...) instead.")
+    threshold = kwargs.get("dspark_confidence_threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
+                                  or not math.isfinite(threshold) or threshold < 0):
+        raise ValueError(f"dspark_confidence_threshold={threshold!r} must be a finite number >= 0 (0 = always draft "
+                         "the whole block; above 1 = never draft).")
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if streamer is not None and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1:
+        raise ValueError(f"streamer= supports batch size 1 only (as in transformers); got a batch of "
+                         f"{inputs.shape[0]}. Drop streamer= for batched generation.")
+
+
+def _bind_on_first_use(drafter, target) -> None:
+    """A drafter bound elsewhere (or nowhere) serves this target once bound to it: shapes and embedding are
+    checked and it is cast to the target's dtype/device (``bind_target`` logs that in one INFO line). So is a
+    drafter moved or cast (``.to(...)``) after binding, which would otherwise fail inside a matmul."""
+    weight, own = target.get_input_embeddings().weight, next(drafter.parameters(), None)
+    moved = own is not None and (own.dtype, own.device) != (weight.dtype, weight.device)
+    if moved or getattr(drafter, "_bound_target", [])[:1] != [target]:
+        drafter.bind_target(target)
+
+
+def _setting(name: str, target, args: tuple, kwargs: dict):
+    """A generation setting as transformers will resolve it: keyword, then the passed config, then the target's."""
+    if name in kwargs:
+        return kwargs[name]
+    config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or target.generation_config
+    return getattr(config, name, None)
+
+
+def _warn_if_outputs_are_dropped(target, args: tuple, kwargs: dict) -> None:
+    """Requested outputs the speculative loop does not produce: say so instead of returning ``None``."""
+    as_dict = bool(_setting("return_dict_in_generate", target, args, kwargs))
+    dropped = [name for name in ("output_hidden_states", "output_attentions")
+               if as_dict and _setting(name, target, args, kwargs)]
+    if dropped:
+        warnings.warn(f"{' and '.join(dropped)} requested, but a DSpark assistant_model does not produce them "
+                      "(verification runs several tokens per forward and discards rejected drafts): those output "
+                      "fields stay None. Generate without assistant_model to get them.", UserWarning, stacklevel=3)
+    passed_cache = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+    if passed_cache or (as_dict and kwargs.get("use_cache") is True):
+        warnings.warn("The target cache is not handed back with a DSpark assistant_model: it holds masked slots of "
+                      "rejected drafts, so the output has no cache and a cache you passed in must not be reused for "
+                      "a later call.", UserWarning, stacklevel=3)
+
+
+def _end_stream(streamer) -> None:
+    if streamer is None:
+        return
+    try:
+        streamer.end()
+    except Exception:  # the original error matters more than a streamer that cannot end
+        logger.debug("streamer.end() failed while handling an error", exc_info=True)
 
 
 TARGET_BIND_HOOKS.append(enable)

@@ -168,6 +168,12 @@ class DSparkConfig(PretrainedConfig):
                              "set use_confidence_head=False for a DFlash drafter.")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty: name the target decoder layers to tap.")
+        top, inner = getattr(self, "hidden_size", None), self.target_config.get("hidden_size")
+        if top is not None and inner is not None and top != inner:
+            # The layers are built from target_config; a different top-level value would be ignored silently.
+            raise ValueError(f"hidden_size={top} disagrees with target_config['hidden_size']={inner}: a drafter has "
+                             "its target's hidden size and its layers are built from target_config. Remove the "
+                             "top-level hidden_size (or set it to the target's).")
         if self.num_target_layers is not None:
             bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
             if bad:

@@ -568,6 +568,8 @@ def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype):
 
 def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
     """Load a drafter in any registered dialect and bind ``target`` (see ``DSparkDraftModel.from_pretrained``)."""
+    if target is not None:
+        _raise_if_dtype_conflicts(kwargs, target)
     path = _resolve_dir(name_or_path, **kwargs)
     raw = _read_config(path)
     dialect = detect_dialect(raw, path)
@@ -585,6 +587,23 @@ def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         model = _load_foreign(model, path, dialect, tensors, mapping, dtype)
     if target is not None:
-        param = next(target.parameters())
-        model = model.to(device=param.device, dtype=param.dtype).bind_target(target)
+        model = model.bind_target(target)  # casts to the target's dtype and device
     return model
+
+
+def _raise_if_dtype_conflicts(kwargs: dict, target) -> None:
+    """An explicit ``dtype=`` / ``torch_dtype=`` that the target's dtype would override is refused, not ignored:
+    a drafter computes with the target's embedding and LM head, so it always runs in the target's dtype."""
+    from .modeling import target_compute_dtype
+
+    for name in ("dtype", "torch_dtype"):
+        asked = kwargs.get(name)
+        if asked is None or asked == "auto":
+            continue
+        if isinstance(asked, str):
+            asked = getattr(torch, asked.removeprefix("torch."), asked)
+        want = target_compute_dtype(target)
+        if asked != want:
+            raise ValueError(f"{name}={kwargs[name]!r} conflicts with the target's {want}: a drafter computes with "
+                             "the target's embedding and LM head, so it runs in the target's dtype. Drop "
+                             f"{name}= (the drafter follows the target), or load the target in {kwargs[name]}.")

@@ -291,15 +291,41 @@ class DSparkDraftModel(PreTrainedModel):
     def bind_target(self, target) -> "DSparkDraftModel":
         """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit.
 
+        The drafter is cast (in place, one INFO line) to the dtype and device of the target's embedding: it
+        multiplies its states with the target's embedding and LM head, so any other dtype fails inside a matmul.
         Also runs the registered bind hooks; ``hf_dspark.generation`` registers one that makes the stock
         ``target.generate(..., assistant_model=draft)`` use speculative decoding.
         """
         _raise_if_target_mismatch(self.config, target)
         _warn_if_logits_depend_on_chunking(target)
+        dtype, device = target_compute_dtype(target), target.get_input_embeddings().weight.device
+        current = {(p.dtype, p.device) for p in self.parameters() if p.is_floating_point()}
+        cast = ""
+        if current and current != {(dtype, device)}:
+            cast = "; cast from " + ", ".join(sorted(f"{d} on {dev}" for d, dev in current))
+            self.to(device=device, dtype=dtype)
+            self._draft_head_cache = None
+        logger.info("Drafter bound to %s target %s (%s on %s%s).", type(target).__name__,
+                    getattr(target, "name_or_path", "") or "(unnamed)", dtype, device, cast)
         self._bound_target[:] = [target]
         for hook in TARGET_BIND_HOOKS:
             hook(target)
         return self
+
+    @property
+    def generation_config(self):
+        """Refuse transformers' classic-assistant path with the fix, instead of its AttributeError.
+
+        transformers reads ``assistant_model.generation_config`` only when it is about to run a drafter as a
+        small autoregressive LM, which a DSpark drafter is not: it needs the target's hidden states, so it
+        runs only through the generate hook that binding installs on the target.
+        """
+        bound = "not bound to a target" if not self._bound_target else (
+            "bound to a target whose generate() does not route to hf-dspark (another model, or after "
+            "hf_dspark.disable(target))")
+        raise ValueError(f"This DSpark drafter is {bound}. Call draft.bind_target(target) (or load it with "
+                         "DSparkDraftModel.from_pretrained(path, target=target)) before "
+                         "target.generate(..., assistant_model=draft).")
 
     @property
     def target(self):
@@ -515,6 +541,25 @@ def _warn_if_logits_depend_on_chunking(target) -> None:
             threshold)
 
 
+def target_compute_dtype(target) -> torch.dtype:
+    """The dtype a drafter must compute in for ``target``: its input embedding's (a quantized target keeps the
+    embedding in floating point; its first parameter need not be)."""
+    dtype = target.get_input_embeddings().weight.dtype
+    if not dtype.is_floating_point:
+        raise ValueError(f"The target's input embedding is {dtype}, not floating point: hf-dspark cannot tell which "
+                         "dtype the drafter should compute in. Load the target with a floating-point embedding.")
+    return dtype
+
+
+def _describe_target(config: DSparkConfig) -> str:
+    """The target a drafter was built for, for messages: its name, else its shapes (never "None")."""
+    if config.target_name_or_path:
+        return repr(config.target_name_or_path)
+    tcfg = config.target_config
+    return (f"an unnamed {tcfg.get('model_type', 'unknown')} target (hidden_size={tcfg.get('hidden_size')}, "
+            f"{config.num_target_layers} layers, vocab_size={tcfg.get('vocab_size')})")
+
+
 def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:
     tcfg = target.config.get_text_config()
     expected = config.target_config
@@ -526,7 +571,7 @@ def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:
         if want is not None and got != want:
             raise ValueError(f"This drafter was built for a target with {name}={want}, but the given target has "
                              f"{name}={got}. Load the drafter that matches this target "
-                             f"(drafter built for {config.target_name_or_path!r}).")
+                             f"(this one was built for {_describe_target(config)}).")
     lm_rows = target.get_output_embeddings().weight.shape[0] if target.get_output_embeddings() is not None else None
     if lm_rows is not None and lm_rows != expected.get("vocab_size", lm_rows):
         raise ValueError(f"Target LM head has {lm_rows} rows but the drafter expects vocab_size="
@@ -537,5 +582,5 @@ def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:
         if len(got_sig) == len(want_sig) and any(
                 abs(a - b) > 2e-2 * max(abs(b), 1e-3) for a, b in zip(got_sig, want_sig)):
             raise ValueError(f"The target's embedding does not match the one this drafter was trained with "
-                             f"(target {config.target_name_or_path!r}): same shapes, different weights. "
+                             f"({_describe_target(config)}): same shapes, different weights. "
                              "A drafter only fits the exact target it was trained for.")

@@ -11,16 +11,22 @@ The engine verifies a *padded* batch (R rows × width W = 1 + max ℓ_r) and run
 drafts, so the cost it actually pays is t_draft(R) + t_verify(R, W), not 1/SPS(Σ(1 + ℓ_r)). On a CPU the two
 differ a lot: one long row widens every row, and the drafter pass is a fixed price per step.
 ``StepCostProfile`` measures exactly that grid (``profile_step_cost``); it still answers SPS(B) lookups (B
-tokens laid out in rows of 1 + γ) so every SPS-based policy can use it unchanged.
+tokens laid out in rows of 1 + γ) so every SPS-based policy can use it unchanged. The engine's start-up profile
+is coarse and time-limited by default (SmolLM2 on a loaded 2-core CPU: ~25 s, was minutes), says so in one
+WARNING line when it is slow, and ``profile_step_cost(..., refine=True)`` measures the fine grid on demand.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -182,31 +188,58 @@ def time_verify_forward(target, num_tokens: int, *, context_len: int, row_len: i
                               generator=generator)
 
 
-@torch.inference_mode()
 def time_padded_verify(target, rows: int, length: int, *, context_len: int, repeats: int, device: torch.device,
                        generator: torch.Generator) -> float:
     """Median wall time (s) of one verify forward of ``rows`` rows × ``length`` tokens, each row on top of its own
     prefilled KV cache of ``context_len`` tokens (the engine's padded layout)."""
+    return time_padded_verify_widths(target, rows, [length], context_len=context_len, repeats=repeats, device=device,
+                                     generator=generator)[0]
+
+
+@torch.inference_mode()
+def prefill_context(target, context_len: int, *, device: torch.device, generator: torch.Generator):
+    """A one-row DynamicCache holding ``context_len`` random tokens: the context every verify timing sits on."""
     from transformers import DynamicCache
 
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (1, context_len), generator=generator).to(device)
     cache = DynamicCache(config=target.config)
+    target(input_ids=context, use_cache=True, **{cache_kwarg(target): cache})
+    return cache
+
+
+@torch.inference_mode()
+def time_padded_verify_widths(target, rows: int, widths: Sequence[int], *, context_len: int, repeats: int,
+                              device: torch.device, generator: torch.Generator, budget_s: float = math.inf,
+                              context=None, on_width=None) -> list[float]:
+    """:func:`time_padded_verify` for several widths on one prefilled context (``context``, a one-row
+    :func:`prefill_context` cache that is copied, not changed; prefilled here when None): one untimed warm-up
+    forward, then up to ``repeats`` timed forwards per width, fewer once a width's timed forwards took
+    ``budget_s`` (a long forward's median needs fewer samples). ``on_width()`` runs after each width."""
+    vocab = target.config.get_text_config().vocab_size
+    cache = copy.deepcopy(context) if context is not None else prefill_context(target, context_len, device=device,
+                                                                                generator=generator)
     cache_name = cache_kwarg(target)
-    target(input_ids=context, use_cache=True, **{cache_name: cache})
     cache.batch_repeat_interleave(rows)
-    ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
-    positions = (context_len + torch.arange(length, device=device)).expand(rows, -1)
-    times = []
-    for i in range(repeats + 1):  # the first forward is a warm-up and is not timed
-        _synchronize(device)
-        start = time.perf_counter()
-        target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_name: cache})
-        _synchronize(device)
-        if i:
-            times.append(time.perf_counter() - start)
-        cache.crop(-length)  # transformers >= 5.24: negative = number of tokens to drop
-    return statistics.median(times)
+    medians = []
+    for j, length in enumerate(widths):
+        ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
+        positions = (context_len + torch.arange(length, device=device)).expand(rows, -1)
+        times = []
+        for i in range(repeats + (j == 0)):  # the very first forward is a warm-up and is not timed
+            _synchronize(device)
+            start = time.perf_counter()
+            target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_name: cache})
+            _synchronize(device)
+            if i or j:
+                times.append(time.perf_counter() - start)
+            cache.crop(-length)  # transformers >= 5.24: negative = number of tokens to drop
+            if sum(times) >= budget_s:
+                break
+        medians.append(statistics.median(times))
+        if on_width is not None:
+            on_width()
+    return medians
 
 
 def _synchronize(device: torch.device) -> None:
@@ -421,10 +454,34 @@ def default_row_grid(max_rows: int) -> list[int]:
     return sorted(set(grid + [max_rows]))
 
 
+def coarse_row_grid(max_rows: int) -> list[int]:
+    """1, 2, 4, then ×4 (16, 64, ...) up to ``max_rows`` (always included): the default step-cost grid. Linear
+    interpolation between is what the cost does once it is compute-bound, where the big (slow) row counts lie."""
+    grid = [r for r in (1, 2, 4) if r < max_rows]
+    while (grid[-1] if grid else 1) * 4 < max_rows:
+        grid.append(max(grid[-1] * 4, 16))
+    return sorted(set(grid + [max_rows]))
+
+
+def coarse_width_grid(max_width: int) -> list[int]:
+    """1..4 densely (most verify widths are short), then ×2 (8, 16, ...) up to ``max_width`` (always included)."""
+    grid = [w for w in (1, 2, 3, 4) if w < max_width]
+    while grid and grid[-1] * 2 < max_width:
+        grid.append(grid[-1] * 2)
+    return sorted(set(grid + [max_width]))
+
+
+# Coarse profiling stops repeating a cell (verify R × W, or one drafter pass) once its timed runs took this long.
+CELL_BUDGET_S = 0.5
+# A start-up profile estimated to take longer than this is announced with a WARNING (INFO otherwise).
+ANNOUNCE_AFTER_S = 10.0
+
+
 @torch.inference_mode()
 def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device: torch.device,
-                    generator: torch.Generator) -> float:
-    """Median wall time (s) of one batched ``draft_block`` for ``rows`` requests with ``context_len`` context."""
+                    generator: torch.Generator, budget_s: float = math.inf) -> float:
+    """Median wall time (s) of one batched ``draft_block`` for ``rows`` requests with ``context_len`` context
+    (``repeats`` timed passes after a warm-up, fewer once they took ``budget_s``)."""
     from ..modeling.modeling import DraftCache
 
     features = torch.randn(rows, context_len, draft.fc.in_features, generator=generator).to(
@@ -442,70 +499,177 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
         _synchronize(device)
         if i:
             times.append(time.perf_counter() - start)
+            if sum(times) >= budget_s:
+                break
     return statistics.median(times)
 
 
 def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int = 8, context_len: int = 256,
                       repeats: int = 3, rows: Sequence[int] | None = None, cache_dir: str | os.PathLike | None = None,
-                      use_cache: bool = True, seed: int = 0, recheck: bool = True) -> StepCostProfile:
-    """Measure the engine's step cost on this machine: verify(R, W) for R in ``rows`` (default 1, 2, 4, ...,
-    max_rows) and every W in 1..max_width, plus draft(R) when a drafter is given; cached on disk like SPS(B).
+                      use_cache: bool = True, seed: int = 0, recheck: bool = True, refine: bool = False,
+                      max_seconds: float | None = 30.0, progress: bool | None = None) -> StepCostProfile:
+    """Measure the engine's step cost on this machine: verify(R, W) for R in ``rows`` and W up to ``max_width``,
+    plus draft(R) when a drafter is given; cached on disk like SPS(B).
 
-    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step.
+    The default grid is coarse, for a fast start-up: R = 1, 2, 4, 16, 64, ... (``coarse_row_grid``) and
+    W = 1..4, 8, ... (``coarse_width_grid``), each cell repeated until ``repeats`` runs or ``CELL_BUDGET_S``, and
+    no row count that would end after ``max_seconds`` (larger R are then extrapolated in proportion to R, which
+    the cost is once compute-bound; None = no limit); lookups interpolate between. ``refine=True`` measures the
+    fine grid (R = 1, 2, 4, 8, ..., every W, all ``repeats``, no time limit); a cached fine table is then also
+    what later coarse calls use. ``rows`` gives the row grid (measured in full).
+    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step. Measuring logs
+    its estimated duration first (a WARNING when long) and shows a progress bar on a terminal (``progress``).
 
     The cache is keyed by model, dtype, device and threads, not by how busy the machine was: a table measured
     while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
     1-token verify); if that is much faster now than the cached value, the table is measured again."""
-    row_grid = sorted(set(int(r) for r in (rows or default_row_grid(max_rows))))
+    def grids(fine: bool) -> tuple[list[int], list[int]]:
+        row_grid = sorted(set(int(r) for r in (rows or (default_row_grid if fine else coarse_row_grid)(max_rows))))
+        return row_grid, list(range(1, max_width + 1)) if fine else coarse_width_grid(max_width)
+
+    row_grid, widths = grids(refine)
     if not row_grid or row_grid[0] < 1 or max_width < 1:
         raise ValueError(f"profile_step_cost: rows must be positive and max_width >= 1, got {row_grid}, {max_width}")
-    widths = list(range(1, max_width + 1))
     param = next(target.parameters())
     dtype, device = param.dtype, param.device
-    key = profile_cache_key(target, row_grid, context_len=context_len, row_len=max_width, dtype=dtype,
-                            device=device, repeats=repeats)
-    draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
-    key = hashlib.sha256((key + "|step-cost-isotonic|" + draft_config).encode()).hexdigest()[:24]
-    path = _cache_root(cache_dir) / f"step-{key}.json"
     generator = torch.Generator().manual_seed(seed)
-    if use_cache and path.is_file():
-        try:
-            profile = StepCostProfile.load(path)
-        except (ValueError, KeyError, json.JSONDecodeError) as err:
-            logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
-        else:
-            stale = recheck and _measured_on_a_busy_machine(profile, target, context_len, device, generator)
-            if not stale:
-                logger.info("step-cost profile: cache hit %s", path)
-                return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
-                                       {**profile.metadata, "source": "cache"})
+    ident = dict(context_len=context_len, dtype=dtype, device=device, repeats=repeats)
+    fine_path = _step_cost_path(target, draft, *grids(True), fine=True, cache_dir=cache_dir, **ident)
+    path = fine_path if refine else _step_cost_path(target, draft, row_grid, widths, fine=False,
+                                                    cache_dir=cache_dir, limit=None if rows else max_seconds, **ident)
+    for candidate in dict.fromkeys([fine_path, path]) if use_cache else ():
+        cached = _load_step_cost(candidate, target, context_len, device, generator, recheck)
+        if cached is not None:
+            return cached
     start = time.perf_counter()
     modules = [m for m in (target, draft) if m is not None]
     was_training = [m.training for m in modules]
     for module in modules:
         module.eval()
     try:
-        time_padded_verify(target, row_grid[-1], max_width, context_len=context_len, repeats=1, device=device,
-                           generator=generator)  # global warm-up (see _measure)
-        verify = [[time_padded_verify(target, r, w, context_len=context_len, repeats=repeats, device=device,
-                                      generator=generator) for w in widths] for r in row_grid]
-        drafting = [time_draft_pass(draft, r, context_len=context_len, repeats=repeats, device=device,
-                                    generator=generator) if draft is not None else 0.0 for r in row_grid]
+        row_grid, verify, drafting = _measure_step_cost(
+            target, draft, row_grid, widths, context_len=context_len, repeats=repeats, device=device,
+            generator=generator, budget_s=math.inf if refine else CELL_BUDGET_S,
+            max_seconds=math.inf if refine or rows or max_seconds is None else max_seconds, path=path,
+            progress=sys.stderr.isatty() if progress is None else progress)
     finally:
         for module, mode in zip(modules, was_training):
             module.train(mode)
     profile = StepCostProfile(tuple(row_grid), tuple(widths), tuple(map(tuple, make_nondecreasing(np.array(verify)))),
                               tuple(make_nondecreasing(np.array(drafting)).tolist()),
                               {"source": "measured", "raw_verify_seconds": verify, "raw_draft_seconds": drafting,
-                               "context_len": context_len, "repeats": repeats, "key": key, "dtype": str(dtype),
-                               "device": str(device), "threads": torch.get_num_threads()})
-    logger.info("step-cost profile: R=%s × W=1..%d in %.1fs; verify(1,1)=%.1f ms, verify(%d,%d)=%.1f ms, "
-                "draft(1)=%.1f ms, draft(%d)=%.1f ms", row_grid, max_width, time.perf_counter() - start,
+                               "context_len": context_len, "repeats": repeats, "key": path.stem.removeprefix("step-"),
+                               "grid": "fine" if refine else "coarse", "dtype": str(dtype), "device": str(device),
+                               "threads": torch.get_num_threads()})
+    logger.info("step-cost profile: R=%s × W=%s in %.1fs; verify(1,1)=%.1f ms, verify(%d,%d)=%.1f ms, "
+                "draft(1)=%.1f ms, draft(%d)=%.1f ms", row_grid, widths, time.perf_counter() - start,
                 1e3 * profile.verify(1, 1), row_grid[-1], max_width, 1e3 * profile.verify(row_grid[-1], max_width),
                 1e3 * profile.draft(1), row_grid[-1], 1e3 * profile.draft(row_grid[-1]))
     if use_cache:
         profile.save(path)
     return profile
+
+
+def _step_cost_path(target, draft, row_grid: list[int], widths: list[int], *, fine: bool, cache_dir, context_len: int,
+                    dtype: torch.dtype, device: torch.device, repeats: int, limit: float | None = None) -> Path:
+    """Cache file of a step-cost table (the fine grid keeps the key it always had, so older tables stay valid)."""
+    key = profile_cache_key(target, row_grid, context_len=context_len, row_len=widths[-1], dtype=dtype,
+                            device=device, repeats=repeats)
+    draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
+    grid = "" if fine else f"|coarse|{widths}|{CELL_BUDGET_S}|{limit}"
+    key = hashlib.sha256((key + "|step-cost-isotonic|" + draft_config + grid).encode()).hexdigest()[:24]
+    return _cache_root(cache_dir) / f"step-{key}.json"
+
+
+def _load_step_cost(path: Path, target, context_len: int, device: torch.device, generator: torch.Generator,
+                    recheck: bool) -> StepCostProfile | None:
+    """The cached table at ``path``, or None (absent, unreadable, or measured on a busy machine)."""
+    if not path.is_file():
+        return None
+    try:
+        profile = StepCostProfile.load(path)
+    except (ValueError, KeyError, json.JSONDecodeError) as err:
+        logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
+        return None
+    if recheck and _measured_on_a_busy_machine(profile, target, context_len, device, generator):
+        return None
+    logger.info("step-cost profile: cache hit %s", path)
+    return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
+                           {**profile.metadata, "source": "cache"})
+
+
+def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *, context_len: int, repeats: int,
+                       device: torch.device, generator: torch.Generator, budget_s: float, max_seconds: float,
+                       path: Path, progress: bool) -> tuple[list[int], list[list[float]], list[float]]:
+    """(rows measured, raw verify seconds [rows][widths], raw draft seconds [rows]), row counts in ascending order.
+
+    Announces its estimated duration after the first full-context forward. A row count projected to end after
+    ``max_seconds`` is not measured, nor any larger: StepCostProfile extrapolates beyond its last row count in
+    proportion to rows (what the cost does once compute-bound, the regime where measuring is slow)."""
+    from tqdm.auto import tqdm
+
+    timing = dict(context_len=context_len, repeats=repeats, device=device, generator=generator)
+    logger.info("step-cost profile: measuring R=%s × W=%s%s on this machine (once; cached in %s)", row_grid, widths,
+                " and the drafter" if draft is not None else "", path.parent)
+    start = time.perf_counter()
+    # A global warm-up first (see _measure): the fine grid at its largest shape, as it always did; the coarse one
+    # on a short context (the one-off costs are per process, and the context below is prefilled only once).
+    coarse = budget_s != math.inf
+    time_padded_verify(target, 1 if coarse else row_grid[-1], widths[-1],
+                       **{**timing, "repeats": 1, "context_len": min(context_len, 16) if coarse else context_len})
+    bar = tqdm(total=len(row_grid) * (len(widths) + (draft is not None)), desc="step-cost profile", unit="cell",
+               disable=not progress)
+    prefill_start = time.perf_counter()
+    context = prefill_context(target, context_len, device=device, generator=generator)
+    _synchronize(device)
+    estimate = min(max_seconds, _estimated_seconds(row_grid, widths, time.perf_counter() - prefill_start,
+                                                   context_len, repeats, budget_s))
+    logger.log(logging.WARNING if estimate > ANNOUNCE_AFTER_S else logging.INFO,
+               "step-cost profile: about %.0f s to measure the engine's step cost on this machine (R=%s × W=%s); it "
+               "runs once and is cached in %s. To skip it, give DSparkEngine(sps=...) a StepCostProfile or an "
+               "{B: steps/s} table, or keep sps_cache_dir= pointing at a cached table.", estimate, row_grid, widths,
+               path.parent)
+    measure = functools.partial(time_padded_verify_widths, target, budget_s=budget_s, context=context,
+                                on_width=bar.update, **timing)
+    verify, drafting, seconds = [], [], []
+    try:
+        for k, r in enumerate(row_grid):
+            if k and time.perf_counter() - start + _projected_seconds(row_grid[:k], seconds, r) > max_seconds:
+                logger.info("step-cost profile: R > %d not measured (max_seconds=%s): their cost is extrapolated in "
+                            "proportion to R; profile_step_cost(..., refine=True) measures them", row_grid[k - 1],
+                            max_seconds)
+                break
+            row_start = time.perf_counter()
+            verify.append(measure(r, widths))
+            drafting.append(time_draft_pass(draft, r, budget_s=budget_s, **timing) if draft is not None else 0.0)
+            bar.update(draft is not None)
+            seconds.append(time.perf_counter() - row_start)
+    finally:
+        bar.close()
+    return row_grid[:len(verify)], verify, drafting
+
+
+def _estimated_seconds(row_grid: list[int], widths: list[int], prefill_seconds: float, context_len: int,
+                       repeats: int, budget_s: float) -> float:
+    """Duration of the verify timings, scaled from the context prefill (``context_len`` tokens in one forward): a
+    cell costs its share of tokens (the compute-bound regime, where the time goes; latency-bound cells are fast
+    anyway). The drafter's passes are left out: they cost a fraction of a verify."""
+    total = 0.0
+    for r in row_grid:
+        cells = [prefill_seconds * r * w / context_len for w in widths]
+        runs = [repeats if budget_s == math.inf else min(repeats, max(1, math.ceil(budget_s / max(t, 1e-9))))
+                for t in cells]
+        total += sum(n * t for n, t in zip(runs, cells)) + cells[0]  # + the row count's warm-up forward
+    return total
+
+
+def _projected_seconds(rows: list[int], seconds: list[float], num_rows: int) -> float:
+    """Wall time of measuring ``num_rows`` rows, from the row counts measured so far: affine through the last two
+    (a fixed latency plus a per-row cost, never decreasing), proportional to rows from a single one."""
+    if len(rows) == 1:
+        return seconds[0] * num_rows / rows[0]
+    slope = max(0.0, (seconds[-1] - seconds[-2]) / (rows[-1] - rows[-2]))
+    return seconds[-1] + slope * (num_rows - rows[-1])
 
 
 # A cached table whose 1-token verify is this many times slower than a fresh measurement is re-measured.
@@ -539,5 +703,6 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
 
 __all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "default_row_grid", "make_monotone",
            "isotonic_fit", "make_nondecreasing", "profile_cache_key", "profile_step_cost", "profile_verify_sps",
-           "time_draft_pass", "time_padded_verify",
+           "coarse_row_grid", "coarse_width_grid", "prefill_context", "time_draft_pass", "time_padded_verify",
+           "time_padded_verify_widths",
            "time_verify_forward", "verify_batch_shape"]

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -175,6 +176,18 @@ def steps_for_epochs(num_epochs: float, num_samples: int, per_device_batch_size:
     return max(1, math.ceil(num_epochs * num_samples / per_step))
 
 
+def global_batch_size(config: DSparkTrainingConfig, num_processes: int) -> int:
+    """Sequences per optimizer step: per-device batch x accumulation x processes."""
+    return config.per_device_batch_size * config.gradient_accumulation_steps * num_processes
+
+
+def launched_for_several_processes(environ=None) -> bool:
+    """Whether accelerate's simple launcher was asked for several processes: it then exports MASTER_ADDR (and its
+    ACCELERATE_* settings) but, unlike torchrun / ``--multi_gpu``, starts one process and sets no WORLD_SIZE."""
+    env = os.environ if environ is None else environ
+    return "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env
+
+
 class DSparkTrainer:
     """Trains ``drafter`` (bound to its target) on a :class:`TargetCacheDataset`.
 
@@ -276,6 +289,7 @@ class DSparkTrainer:
             raise ValueError(f"{self.output_dir} already holds checkpoints: resume from them (--resume) or use a "
                              "new output directory.")
         end = min(c.max_steps, stop_at_step or c.max_steps)
+        self._log_launch()
         self._trim_metrics()
         start_time, last = time.perf_counter(), {}
         bar = tqdm(total=end, initial=self.step, desc="train", unit="step",
@@ -303,6 +317,22 @@ class DSparkTrainer:
             self.drafter.save_pretrained(self.output_dir / FINAL_DIR)
         acc.wait_for_everyone()
         return last
+
+    def _log_launch(self) -> None:
+        """State the processes and the global batch: a launcher that silently started fewer processes than asked
+        for trains another global batch (``accelerate launch --num_processes N`` starts ONE on a CPU host)."""
+        c, acc = self.config, self.accelerator
+        if not acc.is_main_process:
+            return
+        logger.info("Training with %d process(es) (%s on %s): global batch %d sequences per optimizer step = %d per "
+                    "device x %d accumulation x %d process(es)", acc.num_processes, acc.distributed_type.value,
+                    acc.device, global_batch_size(c, acc.num_processes), c.per_device_batch_size,
+                    c.gradient_accumulation_steps, acc.num_processes)
+        if acc.num_processes == 1 and launched_for_several_processes():
+            logger.warning("This run has ONE process, but it was launched for several (accelerate's launcher set "
+                           "MASTER_ADDR but no WORLD_SIZE): `accelerate launch --num_processes N` starts a single "
+                           "process on a host without several GPUs. Use `accelerate launch --multi_gpu "
+                           "--num_processes N ...` or `torchrun --nproc_per_node N ...` for N processes.")
 
     def _out_of_time(self, start_time: float) -> bool:
         if self.config.max_minutes is None:
@@ -374,7 +404,7 @@ class DSparkTrainer:
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         path = Path(path)
-        state = torch.load(path / STATE_NAME, map_location="cpu", weights_only=False)
+        state = load_trainer_state(path / STATE_NAME)
         changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
                    if self._resume_params.get(k) != v}
         if changed:
@@ -387,6 +417,17 @@ class DSparkTrainer:
         self.step = state["step"]
         self.stream = SampleStream(len(self.dataset), self.config.seed, **state["stream"])
         logger.info("Resumed from %s at step %d", path, self.step)
+
+
+def load_trainer_state(path: str | os.PathLike) -> dict:
+    """The trainer state of a checkpoint, unpickled with ``weights_only=True``: it holds only tensors, numbers,
+    strings and containers, so anything else in the file (code a tampered run folder would execute) is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"Refusing to resume from {path}: it holds objects other than tensors, numbers and "
+                         "containers, which a trainer state never does (the file may have been tampered with). "
+                         f"Resume from a checkpoint written by DSparkTrainer. Details: {err}") from None
 
 
 def _raise_if_target_params(params: list[nn.Parameter], target: nn.Module) -> None:

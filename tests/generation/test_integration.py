@@ -1,0 +1,156 @@
+"""The generate entry (generation/integration.py): binding a drafter on first use, refusing an unbound one with the
+fix, validating DSpark keywords before decoding, warning about outputs it cannot produce, ending a streamer on error."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from transformers import TextIteratorStreamer
+
+from hf_dspark import DSparkDraftModel
+
+PROMPT = torch.tensor([[1, 17, 33, 5, 60, 41]])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def saved_bf16_drafter(target, tmp_path_factory):
+    """A drafter checkpoint in bf16 (as the shipped one is), for an fp32 target."""
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(make_tiny_llama(seed=0), num_layers=1, block_size=5, markov_rank=16)
+    path = tmp_path_factory.mktemp("drafter") / "bf16"
+    draft.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    torch.manual_seed(1)
+    return DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+
+
+@pytest.fixture(scope="module")
+def expected(target):
+    return target.generate(PROMPT, do_sample=False, max_new_tokens=10)
+
+
+class _Decoder:
+    """Just enough tokenizer for TextIteratorStreamer."""
+
+    def decode(self, ids, **kwargs) -> str:
+        return " ".join(map(str, ids))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Defect 2: an unbound drafter as assistant_model
+# ---------------------------------------------------------------------------------------------------------
+def test_unbound_drafter_on_a_target_without_the_hook_says_to_bind_it(saved_bf16_drafter):
+    fresh = make_tiny_llama(seed=0)  # nothing was ever bound to it: its generate is transformers' own
+    draft = DSparkDraftModel.from_pretrained(saved_bf16_drafter)
+    with pytest.raises(ValueError, match=r"not bound to a target\. Call draft\.bind_target\(target\)"):
+        fresh.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=False)
+    draft.bind_target(fresh)  # the fix the message names
+    assert torch.equal(fresh.generate(PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False),
+                       fresh.generate(PROMPT, max_new_tokens=10, do_sample=False))
+
+
+def test_bf16_drafter_is_bound_and_cast_on_first_use(target, draft, saved_bf16_drafter, expected, caplog):
+    unbound = DSparkDraftModel.from_pretrained(saved_bf16_drafter)
+    assert unbound.dtype == torch.bfloat16 and not unbound._bound_target
+    with caplog.at_level("INFO", logger="hf_dspark.modeling.modeling"):
+        out = target.generate(PROMPT, assistant_model=unbound, max_new_tokens=10, do_sample=False)
+    assert torch.equal(out, expected)
+    assert unbound.dtype == torch.float32 and unbound.target is target
+    binds = [r.getMessage() for r in caplog.records if "Drafter bound" in r.getMessage()]
+    assert len(binds) == 1 and "cast from torch.bfloat16 on cpu" in binds[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Defect 3: DSpark keywords are validated before decoding
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [-1, 6, 1.5, True, "2"])
+def test_bad_num_tokens_is_refused(target, draft, value):
+    with pytest.raises(ValueError, match=r"dspark_num_tokens=.* must be an int in \[0, 5\]"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, dspark_num_tokens=value)
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf"), "0.5", False])
+def test_bad_confidence_threshold_is_refused(target, draft, value):
+    with pytest.raises(ValueError, match=r"dspark_confidence_threshold=.* must be a finite number >= 0"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, dspark_confidence_threshold=value)
+
+
+def test_zero_num_tokens_means_plain_decoding(target, draft, expected, monkeypatch):
+    def no_drafting(*args, **kwargs):
+        raise AssertionError("drafted with dspark_num_tokens=0")
+
+    monkeypatch.setattr(draft, "draft_block", no_drafting)
+    out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False, dspark_num_tokens=0)
+    assert torch.equal(out, expected) and draft.stats.proposed_tokens == 0
+    with pytest.raises(ValueError, match="dspark_num_tokens=0 decodes plainly"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=True, dspark_num_tokens=0,
+                        generator=torch.Generator().manual_seed(0))
+
+
+def test_requested_outputs_that_are_not_produced_warn(target, draft):
+    with pytest.warns(UserWarning, match="output_hidden_states and output_attentions requested, but a DSpark"):
+        out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, return_dict_in_generate=True,
+                              output_hidden_states=True, output_attentions=True)
+    assert out.hidden_states is None and out.attentions is None
+    from transformers import DynamicCache
+
+    with pytest.warns(UserWarning, match="target cache is not handed back"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4,
+                        cache=DynamicCache(config=target.config))
+
+
+def _consume(streamer) -> list[str]:
+    try:
+        return list(streamer)
+    except queue.Empty:  # the stream was never ended: the consumer would have blocked
+        return ["<blocked>"]
+
+
+def test_streamer_is_ended_when_generate_fails(target, draft, monkeypatch):
+    """Batch 2 with a streamer (refused before decoding) and an error inside decoding: both end the stream."""
+    def run(ids, errors):
+        try:
+            target.generate(ids, assistant_model=draft, streamer=streamer, max_new_tokens=4, do_sample=False)
+        except Exception as err:  # noqa: BLE001 - the test inspects it
+            errors.append(err)
+
+    streamer, errors = TextIteratorStreamer(_Decoder(), timeout=20), []
+    worker = threading.Thread(target=run, args=(PROMPT.repeat(2, 1), errors))
+    worker.start()
+    assert "<blocked>" not in _consume(streamer)
+    worker.join()
+    assert len(errors) == 1 and "batch size 1 only" in str(errors[0])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected drafting failure")
+
+    monkeypatch.setattr(draft, "draft_block", broken)
+    streamer, errors = TextIteratorStreamer(_Decoder(), timeout=20), []
+    worker = threading.Thread(target=run, args=(PROMPT, errors))
+    worker.start()
+    assert "<blocked>" not in _consume(streamer)
+    worker.join()
+    assert len(errors) == 1 and "injected drafting failure" in str(errors[0])
+
+
+def test_drafter_cast_after_binding_is_cast_back(target, draft, expected):
+    draft.to(torch.bfloat16)  # e.g. to save it in bf16, then used again with the fp32 target
+    try:
+        assert torch.equal(target.generate(PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False),
+                           expected)
+        assert draft.dtype == torch.float32
+    finally:
+        draft.to(torch.float32)

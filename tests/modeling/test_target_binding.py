@@ -1,0 +1,73 @@
+"""bind_target and from_pretrained(target=): dtype/device follow the target (or an explicit dtype is refused),
+mismatch messages never print "None", a drafter config's top-level hidden_size must agree with target_config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+
+from hf_dspark import DSparkConfig, DSparkDraftModel
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def saved_bf16(target, tmp_path_factory):
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8)
+    path = tmp_path_factory.mktemp("binding") / "bf16"
+    draft.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def test_bind_target_casts_to_the_target_dtype(target, saved_bf16):
+    draft = DSparkDraftModel.from_pretrained(saved_bf16)
+    assert draft.dtype == torch.bfloat16
+    draft.bind_target(target)
+    assert {p.dtype for p in draft.parameters()} == {torch.float32}
+    assert draft.draft_to_target is None or draft.draft_to_target.dtype == torch.long
+    # it now computes: a raw bf16 x fp32 matmul would have raised here
+    assert draft.compute_logits(torch.zeros(1, 64)).dtype == torch.float32
+
+
+def test_explicit_dtype_with_a_target_is_honoured_or_refused(target, saved_bf16):
+    assert DSparkDraftModel.from_pretrained(saved_bf16, target=target).dtype == torch.float32  # follows the target
+    assert DSparkDraftModel.from_pretrained(saved_bf16, target=target, dtype="float32").dtype == torch.float32
+    with pytest.raises(ValueError, match=r"dtype=torch\.bfloat16 conflicts with the target's torch\.float32"):
+        DSparkDraftModel.from_pretrained(saved_bf16, target=target, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"torch_dtype='float16' conflicts with the target's torch\.float32"):
+        DSparkDraftModel.from_pretrained(saved_bf16, target=target, torch_dtype="float16")
+    assert DSparkDraftModel.from_pretrained(saved_bf16, dtype=torch.float16).dtype == torch.float16  # no target
+
+
+def test_mismatch_messages_describe_an_unnamed_target(target, saved_bf16):
+    draft = DSparkDraftModel.from_pretrained(saved_bf16)
+    assert draft.config.target_name_or_path is None
+    with pytest.raises(ValueError, match=r"built for an unnamed llama target \(hidden_size=64, 4 layers, "
+                                         r"vocab_size=96\)\)\.$") as shapes:
+        draft.bind_target(make_tiny_llama(seed=0, num_layers=6))
+    with pytest.raises(ValueError, match=r"trained with \(an unnamed llama target .*\): same shapes") as weights:
+        draft.bind_target(make_tiny_llama(seed=9))
+    assert "None" not in str(shapes.value) and "None" not in str(weights.value)
+
+
+def test_top_level_hidden_size_must_agree_with_target_config(target, saved_bf16, tmp_path):
+    tcfg = target.config.to_dict()
+    with pytest.raises(ValueError, match=r"hidden_size=128 disagrees with target_config\['hidden_size'\]=64"):
+        DSparkConfig(target_config=tcfg, hidden_size=128)
+    assert DSparkConfig(target_config=tcfg).hidden_size == 64
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for file in saved_bf16.iterdir():
+        (edited / file.name).write_bytes(file.read_bytes())
+    config = json.loads((edited / "config.json").read_text())
+    config["hidden_size"] = 128  # a hand edit that the layers (built from target_config) would never see
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden_size=128 disagrees"):
+        DSparkDraftModel.from_pretrained(edited)
