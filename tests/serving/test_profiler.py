@@ -44,7 +44,7 @@ def test_lookup_interpolates_and_extrapolates():
 
 
 def test_user_table_kept_as_given_even_if_jagged(caplog):
-    with caplog.at_level("WARNING", logger="hf_dspark.serving.profiler"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
         sps = SPSProfile.from_user_table([(4, 5.0), (1, 9.0), (2, 4.0)])
     assert sps.batch_tokens == (1, 2, 4) and sps.steps_per_second == (9.0, 4.0, 5.0)
     assert not sps.is_monotone() and "not monotone" in caplog.text

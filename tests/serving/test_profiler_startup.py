@@ -56,7 +56,7 @@ def test_default_profile_is_coarse_and_refine_is_on_demand(target, tmp_path, mon
 
 def test_start_up_profile_announces_its_duration_and_how_to_skip_it(target, tmp_path, monkeypatch, caplog, capsys):
     monkeypatch.setattr(profiler, "ANNOUNCE_AFTER_S", 0.0)  # a tiny target is fast; pretend it is a slow one
-    with caplog.at_level("INFO", logger="hf_dspark.serving.profiler"):
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
         profile_step_cost(target, cache_dir=tmp_path, progress=True, **SMALL)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1
@@ -64,13 +64,13 @@ def test_start_up_profile_announces_its_duration_and_how_to_skip_it(target, tmp_
     assert "DSparkEngine(sps=...)" in warnings[0] and "sps_cache_dir=" in warnings[0]
     assert "step-cost profile" in capsys.readouterr().err  # the progress bar
     caplog.clear()
-    with caplog.at_level("INFO", logger="hf_dspark.serving.profiler"):
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
         profile_step_cost(target, cache_dir=tmp_path, recheck=False, **SMALL)
     assert "cache hit" in caplog.text and "WARNING" not in [r.levelname for r in caplog.records]
 
 
 def test_time_limit_stops_adding_row_counts_and_extrapolates(target, tmp_path, caplog):
-    with caplog.at_level("INFO", logger="hf_dspark.serving.profiler"):
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
         cost = profile_step_cost(target, cache_dir=tmp_path, max_seconds=0.0, **SMALL)
     assert cost.rows == (1,)  # the first row count is always measured
     assert "R > 1 not measured (max_seconds=0.0)" in caplog.text and "refine=True" in caplog.text
