@@ -52,8 +52,9 @@ from ..modeling.configuration import DSparkConfig
 logger = logging.getLogger(__name__)
 
 SPECULATORS_MODEL_TYPE = "dspark"
-# The speculators release whose DSpark config this layout follows (vllm-project/speculators v0.7).
-SPECULATORS_VERSION = "0.7.0"
+# The speculators release whose DSpark / DFlash configs this layout follows and that loads it in
+# scripts/check_speculators_interop.py (vllm-project/speculators on PyPI).
+SPECULATORS_VERSION = "0.9.0"
 HF_DSPARK_KEY = "hf_dspark"
 _HEAD_TYPES = {"markov": "vanilla", "gated": "gated", "rnn": "rnn"}
 _VLLM_HEAD_TYPES = ("vanilla",)
