@@ -9,7 +9,6 @@ the drafter can be exported to speculators / vLLM, and what is refused and why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..modeling.dialects import CheckpointError, LoadPlan, plan_load
 
@@ -32,7 +31,8 @@ class CheckpointReport:
         width = max([len(label) for label, _ in self.facts] + [len("loads")])
         lines += [f"  {label:<{width}}  {value}" for label, value in self.facts]
         if self.loads:
-            lines.append(f"  {'loads':<{width}}  yes: DSparkDraftModel.from_pretrained(path, target=...) loads it exactly")
+            lines.append(f"  {'loads':<{width}}  yes: DSparkDraftModel.from_pretrained(path, target=...) loads it "
+                         "exactly")
             needs = f" with {' and '.join(self.export_needs)}" if self.export_needs else ""
             if not self.export:
                 lines.append(f"  {'exports':<{width}}  to speculators / vLLM (hf-dspark convert SRC DST --to "
@@ -110,7 +110,8 @@ def describe_plan(plan: LoadPlan) -> list[tuple[str, str]]:
         ("drafting", _drafting(config)),
         ("target", f"{config.target_name_or_path or 'not recorded'}"),
         ("tensors", f"{len(plan.mapping)} drafter tensors"
-                    + (f"; dropped (the target's, or the vocabulary mapping): {', '.join(dropped)}" if dropped else "")),
+                    + (f"; dropped (the target's, or the vocabulary mapping): {', '.join(dropped)}"
+                       if dropped else "")),
     ]
     return facts
 

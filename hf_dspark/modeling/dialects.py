@@ -26,6 +26,7 @@ Conventions the dialects are normalised to (ours, SPEC §2):
 - Drafting is exactly the reference's: every foreign dialect gives ``sequential_top_k = 0`` (the sequential
   bias over the whole draft vocabulary), as DeepSpec, speculators and vLLM draft.
 """
+
 from __future__ import annotations
 
 import json
@@ -598,7 +599,8 @@ def resolve_draft_vocabulary(dialect: Dialect, raw: dict, config: DSparkConfig,
     if not present:
         if declared is not None and vocab is not None and int(declared) < vocab:
             raise CheckpointError(f"config.json declares draft_vocab_size={declared} < vocab_size={vocab} but the "
-                                  "checkpoint stores no d2t / t2d mapping, so the draft tokens' target ids are unknown.")
+                                  "checkpoint stores no d2t / t2d mapping, so the draft tokens' target ids are "
+                                  "unknown.")
         return None
     for name in present:
         if tensors[name].dtype not in ("I64", "I32", "I16", "U8", "BOOL", "I8"):
@@ -740,7 +742,8 @@ def _raise_if_stored_lm_head_is_not_the_targets(model, tensors: dict[str, Tensor
     rows_expected = ids.shape[0] if ids is not None else head.weight.shape[0]
     if info.shape[0] != rows_expected or info.shape[1] != head.weight.shape[1]:
         raise CheckpointError(f"{path}: the stored lm_head.weight has shape {tuple(info.shape)} but the draft "
-                              f"vocabulary needs ({rows_expected}, {head.weight.shape[1]}) rows of the target's LM head.")
+                              f"vocabulary needs ({rows_expected}, {head.weight.shape[1]}) rows of the target's LM "
+                              "head.")
     picks = torch.linspace(0, rows_expected - 1, min(_LM_HEAD_CHECK_ROWS, rows_expected)).long()
     stored_rows = picks if vocabulary is None or vocabulary.order is None else vocabulary.order[picks]
     stored = _load_rows("lm_head.weight", info, stored_rows.tolist()).float()
@@ -750,9 +753,9 @@ def _raise_if_stored_lm_head_is_not_the_targets(model, tensors: dict[str, Tensor
     a, b = stored.to(torch.bfloat16).float(), want.to(torch.bfloat16).float()
     if not torch.allclose(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max().clamp(min=1e-6))):
         raise CheckpointError(f"{path}: the stored lm_head.weight is not the target's LM head (rows of target ids "
-                              f"{target_rows.tolist()[:4]}... differ). hf-dspark drafters use the target's own LM head, "
-                              "so a drafter trained with its own head cannot be loaded exactly (or this is not the "
-                              "target it was trained for).")
+                              f"{target_rows.tolist()[:4]}... differ). hf-dspark drafters use the target's own LM "
+                              "head, so a drafter trained with its own head cannot be loaded exactly (or this is not "
+                              "the target it was trained for).")
 
 
 @dataclass

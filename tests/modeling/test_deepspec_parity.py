@@ -39,7 +39,8 @@ class DeepSpecReference:
     Context = RMSNorm(fc(concat of raw taps hidden_states[i+1])) at positions 0 .. p-1, projected by each layer's
     k/v (with k_norm and RoPE at the context positions) and prepended to the block's keys/values; block queries
     attend to the whole context and bidirectionally to the block. Logits U_k = lm_head(norm(h_k)); the sequential
-    head adds B_k(x_{k-1}) (x_{-1} = anchor) left to right; q_k = softmax((U_k + B_k) / T); c_k = σ(w·[h_k;W1[x_{k-1}]]+b).
+    head adds B_k(x_{k-1}) (x_{-1} = anchor) left to right; q_k = softmax((U_k + B_k) / T);
+    c_k = σ(w·[h_k ; W1[x_{k-1}]] + b).
     """
 
     def __init__(self, path: Path):
@@ -129,7 +130,8 @@ class DeepSpecReference:
                                       + w["markov_head.gate_proj.bias"])
                     u = g * e
                 else:  # rnn, paper Eq. 6
-                    z = w["markov_head.joint_proj.weight"] @ torch.cat([state, e, h[k]]) + w["markov_head.joint_proj.bias"]
+                    z = (w["markov_head.joint_proj.weight"] @ torch.cat([state, e, h[k]])
+                         + w["markov_head.joint_proj.bias"])
                     r = self.cfg["markov_rank"]
                     gate, cand, out = torch.sigmoid(z[:r]), z[r:2 * r], z[2 * r:]
                     state = gate * state + (1 - gate) * torch.tanh(cand)

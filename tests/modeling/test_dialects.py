@@ -412,7 +412,8 @@ def test_reduced_vocabulary_in_any_stored_order_drafts_identically(tmp_path, tin
                                 "lm_head.weight": tensors["lm_head.weight"][perm]})
     shuffled["d2t"] = torch.tensor(DRAFT_IDS)[perm] - torch.arange(len(DRAFT_IDS))
     write(tmp_path / "shuffled", config, shuffled)
-    a, b = (DSparkDraftModel.from_pretrained(tmp_path / name, target=tiny_qwen3_target) for name in ("sorted", "shuffled"))
+    a, b = (DSparkDraftModel.from_pretrained(tmp_path / name, target=tiny_qwen3_target)
+            for name in ("sorted", "shuffled"))
     assert torch.equal(a.draft_to_target, b.draft_to_target)
     assert torch.equal(a.markov_head.markov_w2.weight, b.markov_head.markov_w2.weight)
 
