@@ -293,10 +293,13 @@ CHECKPOINT_WRITERS: dict[str, Callable[..., Path]] = {"native": _save_native, "s
 
 def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "speculators", target=None,
                        **writer_kwargs) -> Path:
-    """Read a drafter in any format hf-dspark loads (ours, DeepSpec, speculators, SpecForge) and write it as ``to``.
+    """Read a drafter in any format hf-dspark loads (ours, DeepSpec, speculators, SpecForge / z-lab, transformers'
+    DFlash assistants) and write it as ``to``.
 
-    ``target`` is needed only when the source does not record the target's layer count (some DeepSpec configs)
-    or for ``include_target_weights=True``.
+    ``target`` is needed when the source does not record the target's shape or layer count (transformers' DFlash
+    assistants, some DeepSpec configs), for a reduced-vocabulary export (its LM head rows are written) and for
+    ``include_target_weights=True``; its name is also the verifier when neither ``verifier_name_or_path`` nor the
+    drafter names one.
     """
     from ..modeling.modeling import DSparkDraftModel
 
