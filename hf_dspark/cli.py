@@ -3,6 +3,7 @@
     hf-dspark generate [--prompt TEXT]                    chat (streaming) with the embedded target, tok/s and τ
     hf-dspark train --data data/smollm2/train.jsonl --steps 2000    build the target cache, then train a drafter
     hf-dspark convert SRC DST --to speculators|native     export for vLLM, or import any published layout
+    hf-dspark convert --check SRC                         report what SRC is and what loads / exports / is refused
     hf-dspark push SRC org/name [--eval-results eval.json]            upload with a generated model card
     hf-dspark regenerate | bench | eval | calibrate | serve-bench ...  run the matching scripts/*.py (options passed
                                                           through)
@@ -155,9 +156,15 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, rest: list[str]) -> int:
-    from .hub import convert_checkpoint
+    from .hub import convert_checkpoint, describe_checkpoint
 
     target = load_target(args.target)[0] if args.target else None
+    if args.check:  # report only: what SRC is, what loads, exports and is refused (exit 1 when refused)
+        report = describe_checkpoint(args.src, target=target)
+        print(report)
+        return 0 if report.loads else 1
+    if args.dst is None:
+        raise FileNotFoundError("the output directory DST is required (or use --check SRC)")
     options = ({"verifier_name_or_path": args.verifier, "include_target_weights": args.include_target_weights,
                 "vllm_servable": not args.no_vllm_check} if args.to == "speculators" else {})
     out = convert_checkpoint(args.src, args.dst, to=args.to, target=target, **options)
@@ -222,13 +229,20 @@ def _add_train(sub) -> None:
 
 def _add_convert(sub) -> None:
     p = sub.add_parser("convert", allow_abbrev=False, help="Convert a drafter: to speculators (vLLM) or to hf-dspark's native format.",
-                       description="Reads any format hf-dspark loads (native, DeepSpec, speculators, SpecForge) and "
+                       description="Reads any format hf-dspark loads (native, DeepSpec, speculators, SpecForge / z-lab, "
+                                   "transformers' DFlash assistants) and "
                                    "writes --to. Exports that vLLM would misread are refused with the reason.")
     p.add_argument("src", help="drafter directory or Hub id")
-    p.add_argument("dst", help="output directory")
+    p.add_argument("dst", nargs="?", default=None, help="output directory (not with --check)")
+    p.add_argument("--check", action="store_true", help="only report what SRC is: dialect, architecture, heads, "
+                                                        "vocabulary, taps, block convention, what loads / exports "
+                                                        "and what is refused and why")
     p.add_argument("--to", default="speculators", choices=["speculators", "native"])
-    p.add_argument("--target", default=None, help="target, when the source does not record its layer count")
-    p.add_argument("--verifier", default=None, help="verifier name recorded for vLLM (default: the drafter's target)")
+    p.add_argument("--target", default=None, help="target directory or Hub id: needed for reduced-vocabulary exports, "
+                                                  "transformers' DFlash assistants and sources that do not record "
+                                                  "the target's layer count")
+    p.add_argument("--verifier", default=None, help="verifier vLLM pairs the drafter with (required unless the drafter "
+                                                    "records its target or --target names one)")
     p.add_argument("--include-target-weights", action="store_true", help="also store the target's embedding/LM head")
     p.add_argument("--no-vllm-check", action="store_true", help="allow heads only speculators (not vLLM) implements")
     p.set_defaults(func=cmd_convert)

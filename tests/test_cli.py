@@ -163,3 +163,26 @@ def test_train_builds_the_cache_then_trains(monkeypatch):
     calls.clear()
     assert run(["train", "--epochs", "1"]) == 0  # no --data: train on the existing default cache
     assert calls == [("train_drafter", ["--cache", "cache/smollm2", "--out", "runs/smollm2-dspark", "--epochs", "1"])]
+
+
+def test_convert_check_reports_without_converting(qwen3_drafter_dir, tmp_path, capsys):
+    src, _ = qwen3_drafter_dir
+    assert run(["convert", "--check", str(src)]) == 0
+    out = capsys.readouterr().out
+    for label in ("dialect", "architecture", "heads", "vocabulary", "taps", "block", "drafting", "loads", "exports"):
+        assert f"  {label} " in out, label
+    assert "native" in out and "DeepSpec (the anchor slot predicts)" in out and "to speculators / vLLM" in out
+    assert not any(tmp_path.iterdir())
+
+
+def test_convert_check_names_the_refusal(tmp_path, capsys):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["X"]}))
+    assert run(["convert", "--check", str(tmp_path / "bad")]) == 1
+    assert "REFUSED: " in capsys.readouterr().out
+
+
+def test_convert_needs_a_destination(qwen3_drafter_dir, capsys):
+    src, _ = qwen3_drafter_dir
+    assert run(["convert", str(src)]) == 2
+    assert "DST is required" in capsys.readouterr().err

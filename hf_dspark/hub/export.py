@@ -1,27 +1,39 @@
-"""Export a drafter to the speculators format (what vLLM's DSpark method loads) and convert between formats.
+"""Export a drafter to the speculators format (what vLLM's DSpark / DFlash methods load) and convert between formats.
 
 This is the way past one machine: train and evaluate with hf-dspark, serve at scale with vLLM. What is written
-(speculators ``DSparkSpeculatorConfig``; vLLM reads it through its speculators config loader):
+(speculators ``DSparkSpeculatorConfig`` / ``DFlashSpeculatorConfig``; vLLM reads it through its speculators config
+loader):
 
-- ``config.json``: ``speculators_model_type: "dspark"``, ``speculators_config`` (algorithm, one greedy proposal
-  method with ``speculative_tokens = block_size``, the verifier), ``transformer_layer_config`` (the target's text
-  config with ``num_hidden_layers`` = draft layers, all full attention), ``draft_vocab_size`` (the full vocabulary),
-  ``block_size``, ``target_hidden_size``, ``aux_hidden_state_layer_ids``, ``mask_token_id``,
-  ``sample_from_anchor: true``, ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``,
-  ``confidence_head_with_markov: true``; plus an ``hf_dspark`` block (calibration, top-k, target identity) that
-  speculators and vLLM ignore and our reader restores, so a round trip loses nothing.
+- ``config.json``: ``speculators_model_type`` (``"dspark"``, or ``"dflash"`` for a drafter without a sequential
+  head), ``speculators_config`` (algorithm, one greedy proposal method with ``speculative_tokens`` = drafts per
+  round, the verifier), ``transformer_layer_config`` (the target's text config with ``num_hidden_layers`` = draft
+  layers, all full attention), ``draft_vocab_size``, ``block_size`` (backbone slots: drafts + unpredicted
+  slots), ``target_hidden_size``, ``aux_hidden_state_layer_ids``, ``mask_token_id``, ``sample_from_anchor``,
+  ``markov_rank``, ``markov_head_type``, ``enable_confidence_head``, ``confidence_head_with_markov: true``; plus an
+  ``hf_dspark`` block (calibration, top-k, target identity) that speculators and vLLM ignore and our reader
+  restores, so a round trip loses nothing.
 - ``model.safetensors``: our tensor names, which are speculators' names. The target's embedding and LM head are
-  left out by default (vLLM shares the target's own when they are absent).
+  left out by default (vLLM shares the target's own when they are absent). A reduced draft vocabulary
+  (``draft_vocab_size`` < vocabulary) is written as speculators and vLLM read it: ``d2t`` (int64, one per draft
+  token, target id = index + ``d2t[index]``), ``t2d`` (bool over the target vocabulary) and ``lm_head.weight``
+  (the target LM head's rows for the draft vocabulary, which vLLM requires for a reduced vocabulary), so the
+  drafter must be bound to its target to be exported.
 
 Conventions (SPEC §6, ``modeling/dialects.py``): speculators stores ``hidden_states`` indices, so
-``aux_hidden_state_layer_ids`` = our 0-based decoder-layer ids + 1; ``sample_from_anchor: true`` is our block
-convention (slot k of [anchor, MASK × (γ-1)] predicts position p+k+1).
+``aux_hidden_state_layer_ids`` = our 0-based decoder-layer ids + 1; ``sample_from_anchor: true`` is the DeepSpec
+block convention (slot k of [anchor, MASK × (γ-1)] drafts position p+k+1, ``num_unpredicted_slots = 0``) and
+``sample_from_anchor: false`` the upstream DFlash one (``num_unpredicted_slots = 1``).
+
+The verifier (``speculators_config.verifier.name_or_path``, how ``vllm serve`` pairs the drafter with its target)
+is required: ``verifier_name_or_path=`` (CLI ``--verifier``), else the target the drafter records
+(``config.target_name_or_path``), else the bound target's ``name_or_path``; an export with none of them is refused.
 
 What the format or vLLM cannot express exactly is refused with :class:`SpeculatorsExportError` rather than written
 for vLLM to misread: speculators and vLLM build every draft layer as a Qwen3 layer (per-head q/k RMSNorm, one
 ``attention_bias`` for q/k/v/o, bias-free MLP), so only drafters of Qwen3-family targets export; a DFlash drafter
-(no sequential head) follows our anchor convention, which vLLM's ``dflash`` method does not; and vLLM's DSpark
-runtime implements only the vanilla Markov head (gated / rnn need ``vllm_servable=False``).
+with the DeepSpec convention (the anchor slot predicts) is not what vLLM's ``dflash`` method runs
+(``sample_from_anchor=false``); and vLLM's DSpark runtime implements only the vanilla Markov head drafting from
+the anchor slot (gated / rnn heads, and DSpark with the upstream convention, need ``vllm_servable=False``).
 """
 
 from __future__ import annotations
@@ -40,12 +52,15 @@ from ..modeling.configuration import DSparkConfig
 logger = logging.getLogger(__name__)
 
 SPECULATORS_MODEL_TYPE = "dspark"
-# The speculators release whose DSpark config this layout follows (vllm-project/speculators v0.7).
-SPECULATORS_VERSION = "0.7.0"
+# The speculators release whose DSpark / DFlash configs this layout follows and that loads it in
+# scripts/check_speculators_interop.py (vllm-project/speculators on PyPI).
+SPECULATORS_VERSION = "0.9.0"
 HF_DSPARK_KEY = "hf_dspark"
 _HEAD_TYPES = {"markov": "vanilla", "gated": "gated", "rnn": "rnn"}
 _VLLM_HEAD_TYPES = ("vanilla",)
-# Every tensor name speculators' DSpark model (Qwen3 DFlash backbone + heads) defines, minus the target's.
+DFLASH_MODEL_TYPE = "dflash"
+# Every tensor name speculators' DSpark model (Qwen3 DFlash backbone + heads) defines, minus the target's and the
+# vocabulary mapping (our draft_to_target buffer, written as d2t / t2d).
 _SPECULATORS_TENSORS = re.compile(
     r"(fc|hidden_norm|norm)\.weight"
     r"|layers\.\d+\.(self_attn\.[qkvo]_proj\.(weight|bias)|self_attn\.[qk]_norm\.weight"
@@ -71,14 +86,27 @@ def _layer_family_problem(config: DSparkConfig, vllm_servable: bool) -> str | No
 
 
 def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
+    unpredicted = getattr(config, "num_unpredicted_slots", 0)
     if config.sequential_head == "none":
-        return ("it is a DFlash drafter (sequential_head='none') using hf-dspark's anchor convention (the anchor slot "
+        if unpredicted == 1 or not vllm_servable:
+            return None
+        return ("it is a DFlash drafter (sequential_head='none') using the DeepSpec convention (the anchor slot "
                 "predicts too); vLLM's 'dflash' method expects sample_from_anchor=false and its 'dspark' method needs "
-                "a Markov head, so no vLLM method would read it exactly.")
+                "a Markov head, so no vLLM method would read it exactly. Pass vllm_servable=False (CLI: "
+                "--no-vllm-check) to write it for the speculators library (dflash, sample_from_anchor=true).")
+    if unpredicted not in (0, 1):
+        return f"it has {unpredicted} unpredicted block slots; speculators expresses 0 or 1 (sample_from_anchor)."
+    if unpredicted and config.sequential_head == "rnn":
+        return ("its rnn head starts its state at the first draft, while speculators (sample_from_anchor=false) runs "
+                "it through the unpredicted anchor slot too, so speculators would compute a different bias.")
     if vllm_servable and _HEAD_TYPES[config.sequential_head] not in _VLLM_HEAD_TYPES:
         return (f"its sequential head is {config.sequential_head!r}, and vLLM's DSpark runtime implements only the "
                 "vanilla Markov head (sequential_head='markov'). Pass vllm_servable=False (CLI: --no-vllm-check) to "
                 "write it anyway for the speculators library.")
+    if vllm_servable and unpredicted:
+        return ("it is a DSpark drafter with the upstream DFlash block convention (the anchor slot predicts nothing), "
+                "and vLLM's DSpark runtime drafts from the anchor slot (sample_from_anchor=true). Pass "
+                "vllm_servable=False (CLI: --no-vllm-check) to write it for the speculators library.")
     return None
 
 
@@ -90,17 +118,9 @@ def _architecture_problem(config: DSparkConfig, vllm_servable: bool) -> str | No
             "target.generate(..., assistant_model=draft).")
 
 
-def _draft_vocab_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
-    if config.draft_vocab_size is None:
-        return None
-    return (f"it proposes a reduced draft vocabulary ({config.draft_vocab_size} of "
-            f"{config.target_config.get('vocab_size')} tokens), and speculators' DSpark model predicts the full "
-            "target vocabulary (no d2t mapping). Train with the full vocabulary to export.")
-
-
 # Each check returns a reason (completing "cannot be exported: ...") or None; add new limits here.
 EXPORT_CHECKS: list[Callable[[DSparkConfig, bool], str | None]] = [_architecture_problem, _layer_family_problem,
-                                                                    _head_problem, _draft_vocab_problem]
+                                                                    _head_problem]
 
 
 def speculators_export_problems(config: DSparkConfig, vllm_servable: bool = True) -> list[str]:
@@ -113,7 +133,8 @@ def _raise_if_not_exportable(draft, vllm_servable: bool) -> None:
     if problems:
         raise SpeculatorsExportError("This drafter cannot be exported to the speculators format: "
                                      + " Also, ".join(problems))
-    unknown = sorted(name for name in draft.state_dict() if not _SPECULATORS_TENSORS.fullmatch(name))
+    unknown = sorted(name for name in draft.state_dict()
+                     if name != "draft_to_target" and not _SPECULATORS_TENSORS.fullmatch(name))
     if unknown:
         raise SpeculatorsExportError(f"This drafter has tensors {unknown[:8]} that speculators' DSpark model has no "
                                      "parameter for; it cannot be exported exactly.")
@@ -145,36 +166,73 @@ def _hf_dspark_block(config: DSparkConfig) -> dict:
             "confidence_threshold": config.confidence_threshold, "sequential_top_k": config.sequential_top_k}
 
 
+def speculators_model_type(config: DSparkConfig) -> str:
+    """``"dspark"`` for drafters with a sequential head, ``"dflash"`` for those without."""
+    return DFLASH_MODEL_TYPE if config.sequential_head == "none" else SPECULATORS_MODEL_TYPE
+
+
+def resolve_verifier(config: DSparkConfig, verifier_name_or_path: str | None = None, target=None) -> str:
+    """The verifier name vLLM pairs the drafter with: explicit, else the recorded target, else the bound one."""
+    bound = getattr(target, "name_or_path", None) if target is not None else None
+    name = verifier_name_or_path or config.target_name_or_path or bound or None
+    if not name:
+        raise SpeculatorsExportError(
+            "No verifier is known for this drafter (it records no target name and none was given): pass "
+            "verifier_name_or_path= (CLI: --verifier ORG/TARGET), the target vLLM will verify with. speculators "
+            "and `vllm serve` pair the drafter with its verifier through speculators_config.verifier.name_or_path.")
+    return str(name)
+
+
 def speculators_config(config: DSparkConfig, *, dtype: torch.dtype = torch.float32,
                        verifier_name_or_path: str | None = None,
                        verifier_architectures: list[str] | None = None) -> dict:
     """The speculators ``config.json`` for a drafter with ``config`` (see the module docstring)."""
+    kind = speculators_model_type(config)
+    unpredicted = getattr(config, "num_unpredicted_slots", 0)
     proposal = {"proposal_type": "greedy", "speculative_tokens": config.block_size, "verifier_accept_k": 1,
                 "accept_tolerance": 0.0}
-    verifier = {"name_or_path": verifier_name_or_path or config.target_name_or_path,
+    verifier = {"name_or_path": resolve_verifier(config, verifier_name_or_path),
                 "architectures": list(verifier_architectures or [])}
-    vocab = config.target_config["vocab_size"]
-    return {
-        "architectures": ["DSparkSpeculator"],
-        "speculators_model_type": SPECULATORS_MODEL_TYPE,
+    out = {
+        "architectures": ["DSparkSpeculator" if kind == SPECULATORS_MODEL_TYPE else "DFlashSpeculator"],
+        "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
-        "speculators_config": {"algorithm": SPECULATORS_MODEL_TYPE, "proposal_methods": [proposal],
+        "speculators_config": {"algorithm": kind, "proposal_methods": [proposal],
                                "default_proposal_method": "greedy", "verifier": verifier},
         "transformer_layer_config": _transformer_layer_config(config, dtype),
-        "draft_vocab_size": vocab,
-        "block_size": config.block_size,
+        "draft_vocab_size": config.num_draft_tokens,
+        "block_size": config.block_size + unpredicted,  # backbone slots; speculative tokens = block_size - unpredicted
         "target_hidden_size": config.target_hidden_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # hidden_states index = layer + 1
         "mask_token_id": config.mask_token_id,
         "sliding_window_non_causal": False,
-        "sample_from_anchor": True,
-        "markov_rank": config.markov_rank,
-        "markov_head_type": _HEAD_TYPES[config.sequential_head],
-        "enable_confidence_head": bool(config.use_confidence_head),
-        "confidence_head_with_markov": True,
-        "dtype": str(dtype).removeprefix("torch."),
-        HF_DSPARK_KEY: _hf_dspark_block(config),
+        "sample_from_anchor": unpredicted == 0,
     }
+    if kind == SPECULATORS_MODEL_TYPE:
+        out.update(markov_rank=config.markov_rank, markov_head_type=_HEAD_TYPES[config.sequential_head],
+                   enable_confidence_head=bool(config.use_confidence_head), confidence_head_with_markov=True)
+    out.update({"dtype": str(dtype).removeprefix("torch."), HF_DSPARK_KEY: _hf_dspark_block(config)})
+    return out
+
+
+def vocabulary_tensors(draft, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``d2t``, ``t2d`` and the draft ``lm_head.weight`` of a reduced-vocabulary drafter, as speculators and vLLM
+    read them (empty for a full-vocabulary drafter)."""
+    ids = getattr(draft, "draft_to_target", None)
+    if ids is None:
+        return {}
+    if not draft._bound_target:
+        raise SpeculatorsExportError(
+            "This drafter proposes a reduced draft vocabulary, whose export carries the target LM head's rows for it "
+            "(vLLM requires lm_head.weight for a reduced vocabulary): bind it to its target first "
+            "(DSparkDraftModel.from_pretrained(path, target=target); CLI: --target).")
+    ids = ids.detach().long().cpu()
+    vocab = draft.config.target_config["vocab_size"]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    head = draft.target.get_output_embeddings().weight.detach()
+    return {"d2t": (ids - torch.arange(ids.shape[0])).contiguous(), "t2d": t2d,
+            "lm_head.weight": head[ids.to(head.device)].to(dtype).contiguous().cpu()}
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -190,11 +248,13 @@ def _target_tensors(draft) -> dict[str, torch.Tensor]:
 
 def save_as_speculators(draft, out_dir: str | os.PathLike, *, verifier_name_or_path: str | None = None,
                         include_target_weights: bool = False, vllm_servable: bool = True) -> Path:
-    """Write ``draft`` as a speculators-format DSpark checkpoint that vLLM loads (``vllm serve out_dir``).
+    """Write ``draft`` as a speculators-format DSpark (or DFlash) checkpoint that vLLM loads (``vllm serve out_dir``).
 
-    ``verifier_name_or_path`` defaults to the target the drafter was built for (vLLM pairs the verifier from it).
-    ``include_target_weights`` also stores the target's embedding and LM head (self-contained, larger).
-    ``vllm_servable=False`` allows heads only the speculators library implements (gated / rnn).
+    ``verifier_name_or_path``: the target vLLM verifies with; default the target the drafter records, else the
+    bound target's name; one of them is required. ``include_target_weights`` also stores the target's embedding
+    and LM head (self-contained, larger; a reduced vocabulary always stores the LM head's draft rows).
+    ``vllm_servable=False`` allows layouts only the speculators library implements (gated / rnn heads, DFlash with
+    the anchor slot predicting, DSpark with it not predicting).
     Raises :class:`SpeculatorsExportError` for drafters the format cannot express exactly.
     """
     from safetensors.torch import save_file
@@ -203,19 +263,20 @@ def save_as_speculators(draft, out_dir: str | os.PathLike, *, verifier_name_or_p
     dtype = next(draft.parameters()).dtype
     bound = draft._bound_target[0] if draft._bound_target else None
     architectures = list(getattr(bound.config, "architectures", None) or []) if bound is not None else []
-    config = speculators_config(draft.config, dtype=dtype, verifier_name_or_path=verifier_name_or_path,
+    verifier = resolve_verifier(draft.config, verifier_name_or_path, bound)
+    config = speculators_config(draft.config, dtype=dtype, verifier_name_or_path=verifier,
                                 verifier_architectures=architectures)
-    if config["speculators_config"]["verifier"]["name_or_path"] is None:
-        logger.warning("The drafter records no target name: `vllm serve` cannot pair the verifier automatically; "
-                       "pass verifier_name_or_path= (CLI: --verifier) or give the target in --speculative-config.")
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in draft.state_dict().items()}
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in draft.state_dict().items()
+             if name != "draft_to_target"}
     if include_target_weights:
         state.update({name: t.to(dtype).contiguous().cpu() for name, t in _target_tensors(draft).items()})
+    state.update(vocabulary_tensors(draft, dtype))  # reduced vocabulary: d2t, t2d and the draft LM head rows
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
-    logger.info("Wrote a speculators-format DSpark drafter (%d tensors) to %s", len(state), out)
+    logger.info("Wrote a speculators-format %s drafter (%d tensors) to %s", config["speculators_model_type"],
+                len(state), out)
     return out
 
 
@@ -232,10 +293,13 @@ CHECKPOINT_WRITERS: dict[str, Callable[..., Path]] = {"native": _save_native, "s
 
 def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "speculators", target=None,
                        **writer_kwargs) -> Path:
-    """Read a drafter in any format hf-dspark loads (ours, DeepSpec, speculators, SpecForge) and write it as ``to``.
+    """Read a drafter in any format hf-dspark loads (ours, DeepSpec, speculators, SpecForge / z-lab, transformers'
+    DFlash assistants) and write it as ``to``.
 
-    ``target`` is needed only when the source does not record the target's layer count (some DeepSpec configs)
-    or for ``include_target_weights=True``.
+    ``target`` is needed when the source does not record the target's shape or layer count (transformers' DFlash
+    assistants, some DeepSpec configs), for a reduced-vocabulary export (its LM head rows are written) and for
+    ``include_target_weights=True``; its name is also the verifier when neither ``verifier_name_or_path`` nor the
+    drafter names one.
     """
     from ..modeling.modeling import DSparkDraftModel
 

@@ -61,9 +61,22 @@ class DSparkConfig(PretrainedConfig):
         greedy_confidence_offsets (`list[float]`, defaults to `None`): offsets of the greedy fit.
         confidence_threshold (`float`, defaults to 0.0): static threshold: drafts stop at the first slot whose
             calibrated confidence is below it (0 = always draft the whole block).
-        sequential_top_k (`int`, defaults to 64): at inference the sequential bias B_k is evaluated only on the
-            top-k tokens of the base logits U_k and q_k is defined on that support. Still lossless (q is what
-            drafts are sampled from) and ~V/k times cheaper than the full V×r product. `0` = full vocabulary.
+        sequential_top_k (`int`, defaults to 0): `0` (the default) evaluates the sequential bias B_k over the
+            whole (draft) vocabulary, exactly as DeepSpec, speculators and vLLM draft and as every drafter is
+            trained: a published drafter proposes from the q its authors evaluated. `k > 0` is an explicit CPU
+            speed option: B_k is evaluated only on the top-k tokens of the base logits U_k and q_k is defined on
+            that support (the rest gets probability 0). Still lossless (q is what drafts are sampled from and
+            what verification uses) and ~V/k times cheaper than the full V×r product, but it is a different
+            proposal distribution: at T = 1 it drops the mass the bias would have lifted from outside the base
+            top-k, and at T = 0 the argmax can differ whenever the bias lifts a token from outside it, so τ can
+            change. Every foreign-format loader gives 0; our own checkpoints keep the value they record.
+        num_unpredicted_slots (`int`, defaults to 0): leading slots of the backbone block whose outputs are not
+            drafts. `0` is the DeepSpec / DSpark convention: the block is [anchor, MASK × (γ-1)] and every slot
+            predicts (slot k, at position p+k, drafts token p+k+1). `1` is upstream DFlash (z-lab, SpecForge's
+            DFlash, transformers' DFlash assistants, speculators `sample_from_anchor=false`): the block is
+            [anchor, MASK × γ] and only the mask slots predict, each the token at its own position. Either
+            way `block_size` counts the drafts per round; the backbone runs `block_size + num_unpredicted_slots`
+            slots.
         draft_vocab_size (`int`, defaults to `None`): the drafter proposes only this many target tokens (the
             most frequent ones in its training data; ids in the `draft_to_target` buffer). The drafter's LM head
             (a row slice of the target's) and W2 shrink V/V' times, which dominates drafting and training cost on
@@ -95,7 +108,8 @@ class DSparkConfig(PretrainedConfig):
         greedy_confidence_temperatures: list[float] | None = None,
         greedy_confidence_offsets: list[float] | None = None,
         confidence_threshold: float = 0.0,
-        sequential_top_k: int = 64,
+        sequential_top_k: int = 0,
+        num_unpredicted_slots: int = 0,
         draft_vocab_size: int | None = None,
         target_name_or_path: str | None = None,
         target_embedding_signature: list[float] | None = None,
@@ -127,6 +141,7 @@ class DSparkConfig(PretrainedConfig):
         self.greedy_confidence_offsets = list(greedy_confidence_offsets) if greedy_confidence_offsets else None
         self.confidence_threshold = confidence_threshold
         self.sequential_top_k = sequential_top_k
+        self.num_unpredicted_slots = num_unpredicted_slots
         self.draft_vocab_size = draft_vocab_size
         self.target_name_or_path = target_name_or_path
         self.target_embedding_signature = target_embedding_signature
@@ -197,6 +212,10 @@ class DSparkConfig(PretrainedConfig):
         if self.draft_vocab_size is not None and not (
                 1 <= self.draft_vocab_size <= (vocab if vocab is not None else self.draft_vocab_size)):
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={vocab}].")
+        if self.num_unpredicted_slots < 0:
+            raise ValueError(f"num_unpredicted_slots={self.num_unpredicted_slots} must be >= 0.")
+        if self.num_unpredicted_slots and self.drafter_architecture != "block":
+            raise ValueError("num_unpredicted_slots applies to block drafters only.")
         if self.sequential_top_k < 0:
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
 
@@ -207,6 +226,11 @@ class DSparkConfig(PretrainedConfig):
         if greedy and getattr(self, "greedy_confidence_temperatures", None) is not None:
             return self.greedy_confidence_temperatures, self.greedy_confidence_offsets
         return self.confidence_temperatures, self.confidence_offsets
+
+    @property
+    def block_slots(self) -> int:
+        """Slots of the backbone block: the drafts plus the leading slots that predict nothing."""
+        return self.block_size + getattr(self, "num_unpredicted_slots", 0)
 
     @property
     def num_draft_tokens(self) -> int:

@@ -1,4 +1,5 @@
-"""Checkpoint dialects: our own format plus the published layouts (DeepSpec, speculators, SpecForge / z-lab).
+"""Checkpoint dialects: our own format plus the published layouts (DeepSpec, speculators, SpecForge / z-lab,
+transformers' own DFlash assistants).
 
 A dialect maps a foreign ``config.json`` to a :class:`DSparkConfig` and its tensor names to ours; nothing here
 needs ``trust_remote_code``. Every dialect goes through the same checks before a single weight is used: the
@@ -9,12 +10,21 @@ tensors are errors, never random initialisation). Tensors that belong to the tar
 
 Conventions the dialects are normalised to (ours, SPEC §2):
 - ``target_layer_ids`` are 0-based decoder-layer indices whose raw output is tapped, i.e.
-  ``hidden_states[i + 1]`` of ``output_hidden_states``. DeepSpec, SpecForge and z-lab store exactly that;
-  speculators stores the ``hidden_states`` index itself (its DFlash converter adds 1), so we subtract 1.
-- The anchor slot predicts: slot k of the block [anchor, MASK × (γ-1)] at position p+k predicts token p+k+1
-  (DeepSpec; SpecForge's DSpark; speculators ``sample_from_anchor=True``). Upstream DFlash (z-lab,
-  SpecForge's DFlash, speculators ``sample_from_anchor=False``) lets only the mask slots predict, each the
-  token at its own position; that cannot be mapped onto our block without changing outputs, so it is refused.
+  ``hidden_states[i + 1]`` of ``output_hidden_states``. DeepSpec, SpecForge, z-lab and transformers store
+  exactly that; speculators stores the ``hidden_states`` index itself (its DFlash converter adds 1), so we
+  subtract 1.
+- Block convention: ``block_size`` counts the drafts per round and ``num_unpredicted_slots`` the leading block
+  slots that predict nothing. DeepSpec, SpecForge's DSpark and speculators ``sample_from_anchor=true`` let the
+  anchor slot predict (slot k of [anchor, MASK × (γ-1)] at position p+k drafts token p+k+1): 0 unpredicted
+  slots. Upstream DFlash (z-lab, SpecForge's DFlash, transformers' DFlash assistants, speculators
+  ``sample_from_anchor=false``) lets only the mask slots of [anchor, MASK × γ] predict, each the token at its own
+  position: 1 unpredicted slot, and a stored block of 16 is 15 drafts.
+- Reduced vocabularies: speculators, SpecForge and EAGLE-style checkpoints store ``d2t`` (long, one per draft
+  token: the target id is ``draft index + d2t[index]``) and ``t2d`` (bool over the target vocabulary); the
+  draft vocabulary is ``t2d``'s true entries in ascending order. We keep the target ids (``draft_to_target``)
+  and the target LM head's rows for them; a stored draft ``lm_head`` must be those rows.
+- Drafting is exactly the reference's: every foreign dialect gives ``sequential_top_k = 0`` (the sequential
+  bias over the whole draft vocabulary), as DeepSpec, speculators and vLLM draft.
 """
 
 from __future__ import annotations
@@ -194,6 +204,10 @@ class Dialect:
     rename: Callable[[str], str | None] = lambda name: name
     check_tensors: Callable[[dict, dict[str, TensorInfo]], None] = lambda raw, tensors: None
     load_with_transformers: bool = False
+    # the layout may carry a reduced draft vocabulary as d2t / t2d tensors (see the module docstring)
+    vocab_mapping: bool = False
+    # how the layout stores the taps, for hf_dspark.hub.describe_checkpoint
+    tap_convention: str = "0-based decoder layers (hidden_states[i + 1])"
 
 
 DIALECTS: dict[str, Dialect] = {}
@@ -226,12 +240,15 @@ _METHOD_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_l
                 "dflash_config", "layer_types", "max_window_layers", "_attn_implementation", "auto_map",
                 "architectures", "target_model_name_or_path")
 
-_ANCHOR_CONVENTION_HELP = (
-    "it uses the upstream DFlash block convention (anchor + masks, only the mask slots predict, each the token at "
-    "its own position), while hf-dspark drafters follow DeepSpec (the anchor slot predicts too: slot k predicts "
-    "position p+k+1). The two cannot be mapped onto each other without changing the drafts, so it is not loaded. "
-    "DeepSpec DFlash checkpoints (dflash_*, markov_rank 0), SpecForge DSpark and speculators checkpoints with "
-    "sample_from_anchor=true load.")
+_FOREIGN_TOP_K = 0  # every foreign dialect drafts over the full (draft) vocabulary, as its reference does
+
+
+def _drafts_per_round(stored_block: int, unpredicted: int, what: str) -> int:
+    drafts = int(stored_block) - unpredicted
+    if drafts < 1:
+        raise CheckpointError(f"{what}={stored_block} leaves no draft slot: with the upstream DFlash convention the "
+                              "anchor slot predicts nothing, so a block needs at least 2 slots.")
+    return drafts
 
 
 def _sequential_head(markov_rank: int, head_type) -> str:
@@ -313,8 +330,9 @@ def _specforge_default_layer_ids(num_target_layers: int, num_draft_layers: int) 
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-def _qwen_style_config(raw: dict, target) -> DSparkConfig:
-    """DeepSpec and SpecForge both store a copy of the target config plus method keys (top level or nested)."""
+def _qwen_style_config(raw: dict, target, unpredicted: int = 0) -> DSparkConfig:
+    """DeepSpec and SpecForge / z-lab all store a copy of the (draft) Qwen3 config plus method keys (top level or
+    nested in ``dflash_config``); ``unpredicted`` is 1 for the upstream DFlash block convention."""
     num_target_layers = _method_field(raw, "num_target_layers", None) or _num_layers(target)
     if num_target_layers is None:
         raise CheckpointError("config.json has no 'num_target_layers'; pass target=... so the target's layer count "
@@ -334,9 +352,10 @@ def _qwen_style_config(raw: dict, target) -> DSparkConfig:
     return DSparkConfig(
         target_config=_target_text_config(raw, num_target_layers), num_hidden_layers=num_draft_layers,
         target_layer_ids=layer_ids, num_target_layers=int(num_target_layers),
-        block_size=int(_method_field(raw, "block_size")), mask_token_id=int(_method_field(raw, "mask_token_id")),
+        block_size=_drafts_per_round(_method_field(raw, "block_size"), unpredicted, "block_size"),
+        num_unpredicted_slots=unpredicted, mask_token_id=int(_method_field(raw, "mask_token_id")),
         sequential_head=_sequential_head(rank, _method_field(raw, "markov_head_type", "vanilla")),
-        markov_rank=rank, use_confidence_head=use_confidence,
+        markov_rank=rank, use_confidence_head=use_confidence, sequential_top_k=_FOREIGN_TOP_K,
         target_name_or_path=raw.get("target_model_name_or_path") or raw.get("_name_or_path") or None)
 
 
@@ -357,24 +376,34 @@ register_dialect(Dialect(
 ))
 
 
-def _specforge_config(raw: dict, target) -> DSparkConfig:
+def _specforge_projector(raw: dict) -> str:
     nested = raw.get("dflash_config") or {}
     default = "dspark" if "DSparkDraftModel" in (raw.get("architectures") or ()) else "dflash"
-    projector = str(nested.get("projector_type") or default).lower()
+    return str(nested.get("projector_type") or default).lower()
+
+
+def _specforge_config(raw: dict, target) -> DSparkConfig:
+    """SpecForge's DSpark trains the DeepSpec convention (labels anchor+1 .. anchor+γ); its DFlash and z-lab's
+    DFlash train the upstream one (the anchor slot is masked out of the loss, slot k predicts anchor+k)."""
+    projector = _specforge_projector(raw)
+    if projector == "dspark":
+        return _qwen_style_config(raw, target)
     if projector == "dflash":
-        raise CheckpointError(f"This is a z-lab / SpecForge DFlash checkpoint: {_ANCHOR_CONVENTION_HELP}")
-    if projector != "dspark":
-        raise CheckpointError(f"dflash_config.projector_type={projector!r} is not a DSpark drafter (only 'dspark' "
-                              "maps onto hf-dspark's model).")
-    return _qwen_style_config(raw, target)
+        if int(_method_field(raw, "markov_rank", 0) or 0):
+            raise CheckpointError("This DFlash checkpoint (projector_type 'dflash') has a Markov head; only DSpark "
+                                  "checkpoints (projector_type 'dspark') have one in SpecForge's layouts.")
+        return _qwen_style_config(raw, target, unpredicted=1)
+    raise CheckpointError(f"dflash_config.projector_type={projector!r} is not a DSpark or DFlash drafter (only "
+                          "'dspark' and 'dflash' map onto hf-dspark's model).")
 
 
 # Early SpecForge DSpark checkpoints kept the heads under a ``logit_head`` container.
 _SPECFORGE_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.confidence_head.", "confidence_head."))
+_VOCAB_TENSORS = ("d2t", "t2d")
 
 
 def _specforge_rename(name: str) -> str | None:
-    if name in _TARGET_TENSORS or name in ("d2t", "t2d"):
+    if name in _TARGET_TENSORS or name in _VOCAB_TENSORS:
         return None
     for old, new in _SPECFORGE_PREFIXES:
         if name.startswith(old):
@@ -389,7 +418,7 @@ register_dialect(Dialect(
     matches=lambda raw: "dflash_config" in raw or bool(_SPECFORGE_ARCHITECTURES & set(raw.get("architectures") or ())),
     build_config=_specforge_config,
     rename=_specforge_rename,
-    check_tensors=lambda raw, tensors: _raise_if_reduced_vocab(raw.get("vocab_size"), tensors),
+    vocab_mapping=True,
 ))
 
 
@@ -406,16 +435,18 @@ def _layer_config(raw: dict) -> dict:
     return AutoConfig.for_model(model_type, **layer).to_dict()
 
 
+def _speculators_sample_from_anchor(raw: dict) -> bool:
+    return bool(raw.get("sample_from_anchor", raw.get("speculators_model_type") == "dspark"))
+
+
 def _speculators_config(raw: dict, target) -> DSparkConfig:
     kind = raw["speculators_model_type"]
     if kind not in ("dspark", "dflash"):
         raise CheckpointError(f"speculators_model_type={kind!r} is not a DSpark/DFlash drafter; hf-dspark loads "
                               "'dspark' and 'dflash' speculators.")
-    if not raw.get("sample_from_anchor", kind == "dspark"):
-        raise CheckpointError(f"This speculators checkpoint has sample_from_anchor=false: {_ANCHOR_CONVENTION_HELP}")
+    # sample_from_anchor=false: the anchor is the bonus token and only the mask slots predict (block_size - 1 drafts)
+    unpredicted = 0 if _speculators_sample_from_anchor(raw) else 1
     layer = _layer_config(raw)
-    vocab = layer["vocab_size"]
-    _raise_if_reduced_vocab(vocab, {}, raw.get("draft_vocab_size", vocab))
     target_hidden = raw.get("target_hidden_size")
     if target_hidden not in (None, layer["hidden_size"]):
         raise CheckpointError(f"target_hidden_size={target_hidden} differs from the draft hidden size "
@@ -428,18 +459,25 @@ def _speculators_config(raw: dict, target) -> DSparkConfig:
     layer_ids = [i - 1 for i in aux_ids]  # speculators: hidden_states index; ours: decoder layer = index - 1
     _raise_if_embedding_tap(layer_ids, f"from speculators' hidden_states indices {aux_ids}")
     rank = int(raw.get("markov_rank", 256 if kind == "dspark" else 0) or 0)
+    head = _sequential_head(rank, raw.get("markov_head_type", "vanilla"))
+    if head == "rnn" and unpredicted:
+        raise CheckpointError("This speculators DSpark checkpoint has an rnn head and sample_from_anchor=false: "
+                              "speculators runs the RNN state through the unpredicted anchor slot as well, while "
+                              "hf-dspark's RNN state starts at the first draft, so it cannot be loaded exactly.")
     use_confidence = _use_confidence_head(bool(raw.get("enable_confidence_head", kind == "dspark")),
                                           bool(raw.get("confidence_head_with_markov", True)), rank)
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
-    extras = _hf_dspark_fields(raw)
+    extras = _hf_dspark_fields(raw)  # our own export: restore what it recorded (top-k included)
+    extras.setdefault("sequential_top_k", _FOREIGN_TOP_K)
     stored_num_target_layers = extras.pop("num_target_layers", None)
     num_target_layers = _num_layers(target) or stored_num_target_layers
     return DSparkConfig(
         target_config=_target_text_config(layer, num_target_layers), num_hidden_layers=int(layer["num_hidden_layers"]),
-        target_layer_ids=layer_ids, num_target_layers=num_target_layers, block_size=int(raw.get("block_size", 8)),
-        mask_token_id=int(raw["mask_token_id"]),
-        sequential_head=_sequential_head(rank, raw.get("markov_head_type", "vanilla")), markov_rank=rank,
-        use_confidence_head=use_confidence, target_name_or_path=verifier.get("name_or_path"), **extras)
+        target_layer_ids=layer_ids, num_target_layers=num_target_layers,
+        block_size=_drafts_per_round(raw.get("block_size", 8), unpredicted, "block_size"),
+        num_unpredicted_slots=unpredicted, mask_token_id=int(raw["mask_token_id"]),
+        sequential_head=head, markov_rank=rank, use_confidence_head=use_confidence,
+        target_name_or_path=verifier.get("name_or_path"), **extras)
 
 
 # Settings speculators has no field for, stored by hf_dspark.hub.export under "hf_dspark" (vLLM ignores the block).
@@ -453,29 +491,146 @@ def _hf_dspark_fields(raw: dict) -> dict:
     return {key: block[key] for key in _HF_DSPARK_FIELDS if block.get(key) is not None}
 
 
-def _raise_if_reduced_vocab(vocab: int | None, tensors: dict[str, TensorInfo], draft_vocab: int | None = None) -> None:
-    if draft_vocab is None and "d2t" in tensors:
-        draft_vocab = tensors["d2t"].shape[0]
-    if vocab is not None and draft_vocab is not None and draft_vocab < vocab:
-        raise CheckpointError(f"This drafter predicts a reduced draft vocabulary (draft_vocab_size={draft_vocab} < "
-                              f"vocab_size={vocab}, mapped with d2t/t2d). hf-dspark drafters use the target's full "
-                              "vocabulary and LM head, so reduced-vocabulary drafters are not supported yet.")
-
-
-_SPECULATORS_DROPPED = _TARGET_TENSORS | {"verifier_lm_head.weight", "verifier_norm.weight", "t2d", "d2t"}
-
-
-def _speculators_check_tensors(raw: dict, tensors: dict[str, TensorInfo]) -> None:
-    _raise_if_reduced_vocab((raw.get("transformer_layer_config") or {}).get("vocab_size"), tensors)
-
+_SPECULATORS_DROPPED = _TARGET_TENSORS | {"verifier_lm_head.weight", "verifier_norm.weight", *_VOCAB_TENSORS}
 
 register_dialect(Dialect(
     name="speculators",
     matches=lambda raw: "speculators_model_type" in raw,
     build_config=_speculators_config,
     rename=lambda name: None if name in _SPECULATORS_DROPPED else name,
-    check_tensors=_speculators_check_tensors,
+    vocab_mapping=True,
+    tap_convention="hidden_states indices (aux_hidden_state_layer_ids = decoder layer + 1)",
 ))
+
+
+# -------------------------------------------------------------------------------------------------------
+# transformers' own DFlash assistants (MuseGlimmerAssistantModel, speculation_type="dflash")
+# -------------------------------------------------------------------------------------------------------
+TRANSFORMERS_DFLASH_MODEL_TYPES = ("muse_glimmer_assistant",)
+
+
+def _transformers_dflash_config(raw: dict, target) -> DSparkConfig:
+    """transformers 5.24's DFlash assistant: Qwen3-style layers (q/k RMSNorm, no biases), a context projection
+    ``encoder.{fc, output_norm_enc}``, the upstream block convention ([anchor, MASK × (block_size-1)], only the
+    masks predict) and 0-based ``target_layer_ids`` read as ``hidden_states[i + 1]``. Its config records neither
+    the target's vocabulary nor its layer count, so the target is needed."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**raw)  # transformers' own defaults (block 16, rope, layer types)
+    layer_types = list(config.layer_types or [])
+    if any(kind != "full_attention" for kind in layer_types):
+        raise CheckpointError(f"The draft layers use {sorted(set(layer_types))} (window {config.sliding_window}); "
+                              "hf-dspark drafters have full (bidirectional-in-block) attention only, so a "
+                              "sliding-window DFlash assistant would draft differently once the context is longer "
+                              "than its window.")
+    if target is None:
+        raise CheckpointError("transformers' DFlash assistant configs record neither the target's vocabulary nor its "
+                              "layer count: pass target=... to load one.")
+    target_text = target.config.get_text_config()
+    if target_text.model_type != "qwen3":
+        raise CheckpointError(f"This DFlash assistant has Qwen3-style layers (q/k RMSNorm) but the target is "
+                              f"{target_text.model_type!r}; hf-dspark builds a drafter's layers from its target's "
+                              "family, so transformers' DFlash assistants load for Qwen3-family targets only.")
+    target_config = {
+        "model_type": "qwen3", "vocab_size": target.get_input_embeddings().weight.shape[0],
+        "num_hidden_layers": target_text.num_hidden_layers, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps, "rope_parameters": dict(config.rope_parameters),
+        "max_position_embeddings": config.max_position_embeddings, "hidden_act": config.hidden_act,
+        "attention_bias": False, "bos_token_id": target_text.bos_token_id, "eos_token_id": target_text.eos_token_id,
+        "pad_token_id": target_text.pad_token_id, "tie_word_embeddings": False}
+    layer_ids = [int(i) for i in config.target_layer_ids]
+    _raise_if_embedding_tap(layer_ids, "0-based decoder layers")
+    return DSparkConfig(
+        target_config=target_config, num_hidden_layers=int(config.num_hidden_layers), target_layer_ids=layer_ids,
+        num_target_layers=target_text.num_hidden_layers,
+        block_size=_drafts_per_round(config.block_size, 1, "block_size"), num_unpredicted_slots=1,
+        mask_token_id=int(config.mask_token_id), sequential_head="none", use_confidence_head=False,
+        sequential_top_k=_FOREIGN_TOP_K, target_name_or_path=getattr(target, "name_or_path", None) or None)
+
+
+_TRANSFORMERS_DFLASH_NAMES = {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": "hidden_norm.weight"}
+
+
+def _transformers_dflash_rename(name: str) -> str | None:
+    name = name.removeprefix("model.")
+    if name.startswith("rotary_emb."):
+        return None
+    return _TRANSFORMERS_DFLASH_NAMES.get(name, name)
+
+
+register_dialect(Dialect(
+    name="transformers-dflash",
+    matches=lambda raw: raw.get("model_type") in TRANSFORMERS_DFLASH_MODEL_TYPES,
+    build_config=_transformers_dflash_config,
+    rename=_transformers_dflash_rename,
+))
+
+
+# -------------------------------------------------------------------------------------------------------
+# Reduced vocabularies (d2t / t2d)
+# -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftVocabulary:
+    """A stored d2t / t2d mapping normalised to ours: ``ids`` are the target ids of the draft vocabulary in
+    ascending order (our ``draft_to_target``; ``None`` when the mapping is the full vocabulary) and ``order``
+    the stored draft index of each of them (identity unless the checkpoint's ids were not ascending)."""
+
+    ids: torch.Tensor | None
+    order: torch.Tensor | None
+    source: str  # which tensors it was read from, for describe_checkpoint
+
+
+def _read_small(name: str, info: TensorInfo) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(info.file), framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
+def resolve_draft_vocabulary(dialect: Dialect, raw: dict, config: DSparkConfig,
+                             tensors: dict[str, TensorInfo]) -> DraftVocabulary | None:
+    """Read and check a foreign checkpoint's reduced vocabulary; ``None`` when it predicts the full one."""
+    vocab = config.target_config.get("vocab_size")
+    present = [name for name in _VOCAB_TENSORS if name in tensors]
+    declared = raw.get("draft_vocab_size")
+    if present and not dialect.vocab_mapping:
+        raise CheckpointError(f"This {dialect.name} checkpoint stores {present}, which its format does not define.")
+    if not present:
+        if declared is not None and vocab is not None and int(declared) < vocab:
+            raise CheckpointError(f"config.json declares draft_vocab_size={declared} < vocab_size={vocab} but the "
+                                  "checkpoint stores no d2t / t2d mapping, so the draft tokens' target ids are "
+                                  "unknown.")
+        return None
+    for name in present:
+        if tensors[name].dtype not in ("I64", "I32", "I16", "U8", "BOOL", "I8"):
+            raise CheckpointError(f"Tensor {name!r} has dtype {tensors[name].dtype}; d2t / t2d are integer / bool.")
+    t2d = _read_small("t2d", tensors["t2d"]).bool() if "t2d" in tensors else None
+    if t2d is not None and (t2d.dim() != 1 or (vocab is not None and t2d.shape[0] != vocab)):
+        raise CheckpointError(f"t2d has shape {tuple(t2d.shape)}; it must be one flag per target token ({vocab}).")
+    if "d2t" in tensors:
+        d2t = _read_small("d2t", tensors["d2t"]).long()
+        if d2t.dim() != 1:
+            raise CheckpointError(f"d2t has shape {tuple(d2t.shape)}; it must be one offset per draft token.")
+        stored_ids = torch.arange(d2t.shape[0]) + d2t  # EAGLE / speculators / vLLM: target id = index + d2t[index]
+    else:  # t2d alone: the draft vocabulary is its true entries, ascending (how every producer builds d2t)
+        stored_ids = t2d.nonzero().flatten()
+    size = stored_ids.shape[0]
+    if declared is not None and int(declared) != size:
+        raise CheckpointError(f"config.json declares draft_vocab_size={declared} but d2t/t2d hold {size} tokens.")
+    ids, order = stored_ids.sort()
+    if size == 0 or (vocab is not None and (ids[0] < 0 or ids[-1] >= vocab)) or bool((ids[1:] == ids[:-1]).any()):
+        raise CheckpointError(f"d2t maps draft tokens to invalid or repeated target ids (must be unique, in [0, "
+                              f"{vocab})).")
+    if t2d is not None and not torch.equal(t2d.nonzero().flatten(), ids):
+        raise CheckpointError("d2t and t2d disagree: the target ids d2t maps to are not exactly t2d's true entries.")
+    source = "+".join(present)
+    if vocab is not None and size == vocab:  # a full-vocabulary mapping (speculators accepts and ignores these)
+        if not torch.equal(order, torch.arange(size)):
+            raise CheckpointError("d2t permutes the full vocabulary; only identity full-vocabulary mappings load.")
+        return None
+    return DraftVocabulary(ids=ids, order=None if torch.equal(order, torch.arange(size)) else order, source=source)
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -552,12 +707,19 @@ def _load_native(cls, path: Path, *args, **kwargs):
     return model
 
 
-def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype):
+def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
+                  vocabulary: DraftVocabulary | None = None):
     """Fill the empty drafter by assignment from the mapped tensors (no random initialisation anywhere)."""
     signature = _signature_from_checkpoint(tensors, model.config.target_config.get("vocab_size"))
     if signature is not None:
         model.config.target_embedding_signature = signature
-    model.load_state_dict(_load_tensors(mapping, tensors), strict=True, assign=True)
+    state = _load_tensors(mapping, tensors)
+    if vocabulary is not None:
+        state["draft_to_target"] = vocabulary.ids.clone()
+        if vocabulary.order is not None and "markov_head.markov_w2.weight" in state:
+            # stored draft index order[j] is our (ascending) index j: permute the draft-vocabulary rows alike
+            state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][vocabulary.order]
+    model.load_state_dict(state, strict=True, assign=True)
     if dtype is not None and dtype != "auto":
         model = model.to(dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     model.config._name_or_path = str(path)
@@ -566,10 +728,53 @@ def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype):
     return model.eval()
 
 
-def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
-    """Load a drafter in any registered dialect and bind ``target`` (see ``DSparkDraftModel.from_pretrained``)."""
-    if target is not None:
-        _raise_if_dtype_conflicts(kwargs, target)
+_LM_HEAD_CHECK_ROWS = 8
+
+
+def _raise_if_stored_lm_head_is_not_the_targets(model, tensors: dict[str, TensorInfo],
+                                                vocabulary: DraftVocabulary | None, path: Path) -> None:
+    """A stored (draft) LM head must be the target's rows for the draft vocabulary: hf-dspark uses the target's
+    own, so a drafter that trained its own head would draft differently. Compares a few spread rows."""
+    info = tensors.get("lm_head.weight")
+    head = model.target.get_output_embeddings()
+    if info is None or head is None or len(info.shape) != 2:
+        return
+    ids = vocabulary.ids if vocabulary is not None else None
+    rows_expected = ids.shape[0] if ids is not None else head.weight.shape[0]
+    if info.shape[0] != rows_expected or info.shape[1] != head.weight.shape[1]:
+        raise CheckpointError(f"{path}: the stored lm_head.weight has shape {tuple(info.shape)} but the draft "
+                              f"vocabulary needs ({rows_expected}, {head.weight.shape[1]}) rows of the target's LM "
+                              "head.")
+    picks = torch.linspace(0, rows_expected - 1, min(_LM_HEAD_CHECK_ROWS, rows_expected)).long()
+    stored_rows = picks if vocabulary is None or vocabulary.order is None else vocabulary.order[picks]
+    stored = _load_rows("lm_head.weight", info, stored_rows.tolist()).float()
+    target_rows = (ids[picks] if ids is not None else picks).to(head.weight.device)
+    want = head.weight.detach()[target_rows].float().cpu()
+    # both rounded to bf16: equal copies in different dtypes agree, a different (trained) head does not
+    a, b = stored.to(torch.bfloat16).float(), want.to(torch.bfloat16).float()
+    if not torch.allclose(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max().clamp(min=1e-6))):
+        raise CheckpointError(f"{path}: the stored lm_head.weight is not the target's LM head (rows of target ids "
+                              f"{target_rows.tolist()[:4]}... differ). hf-dspark drafters use the target's own LM "
+                              "head, so a drafter trained with its own head cannot be loaded exactly (or this is not "
+                              "the target it was trained for).")
+
+
+@dataclass
+class LoadPlan:
+    """Everything known about a checkpoint before its weights are read (``describe_checkpoint`` reports it)."""
+
+    path: Path
+    raw: dict
+    dialect: Dialect
+    config: DSparkConfig
+    tensors: dict[str, TensorInfo]
+    vocabulary: DraftVocabulary | None
+    mapping: dict[str, str]
+    cls: type
+
+
+def plan_load(cls, name_or_path, target=None, **kwargs) -> LoadPlan:
+    """Resolve, read and check a checkpoint's config and tensor layout; raises :class:`CheckpointError`."""
     path = _resolve_dir(name_or_path, **kwargs)
     raw = _read_config(path)
     dialect = detect_dialect(raw, path)
@@ -578,16 +783,34 @@ def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
     cls = cls if issubclass(cls, architecture_class) else architecture_class
     tensors = read_checkpoint_index(path)
     dialect.check_tensors(raw, tensors)
+    vocabulary = None
+    if not dialect.load_with_transformers:
+        vocabulary = resolve_draft_vocabulary(dialect, raw, config, tensors)
+        if vocabulary is not None:
+            config.draft_vocab_size = int(vocabulary.ids.shape[0])
     model = _empty_model(cls, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if vocabulary is not None:
+        expected.pop("draft_to_target")  # built from d2t / t2d, not a stored tensor of that name
     mapping = _map_tensors(dialect, tensors, expected, path)
-    if dialect.load_with_transformers:
-        model = _load_native(cls, path, *args, **kwargs)
+    return LoadPlan(path, raw, dialect, config, tensors, vocabulary, mapping, cls)
+
+
+def load_drafter(cls, name_or_path, *args, target=None, **kwargs):
+    """Load a drafter in any registered dialect and bind ``target`` (see ``DSparkDraftModel.from_pretrained``)."""
+    if target is not None:
+        _raise_if_dtype_conflicts(kwargs, target)
+    plan = plan_load(cls, name_or_path, target=target, **kwargs)
+    if plan.dialect.load_with_transformers:
+        model = _load_native(plan.cls, plan.path, *args, **kwargs)
     else:
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-        model = _load_foreign(model, path, dialect, tensors, mapping, dtype)
+        model = _load_foreign(_empty_model(plan.cls, plan.config), plan.path, plan.dialect, plan.tensors,
+                              plan.mapping, dtype, plan.vocabulary)
     if target is not None:
         model = model.bind_target(target)  # casts to the target's dtype and device
+        if not plan.dialect.load_with_transformers:
+            _raise_if_stored_lm_head_is_not_the_targets(model, plan.tensors, plan.vocabulary, plan.path)
     return model
 
 

@@ -419,8 +419,13 @@ class DSparkDraftModel(PreTrainedModel):
         return self.norm(x)
 
     def forward_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states [B, block_size, d] of the block [anchor, MASK × (γ-1)]."""
-        bsz, gamma = anchor_ids.shape[0], self.config.block_size
+        """Final-normed hidden states [B, block_size, d] of the predicting slots of the block [anchor, MASK, ...].
+
+        The backbone runs ``block_size + num_unpredicted_slots`` slots at positions p, p+1, ...; the leading
+        ``num_unpredicted_slots`` (upstream DFlash: the anchor slot) are dropped, so row k is always the state
+        that drafts token p+k+1."""
+        lead = getattr(self.config, "num_unpredicted_slots", 0)
+        bsz, gamma = anchor_ids.shape[0], self.config.block_size + lead
         block_ids = anchor_ids.new_full((bsz, gamma), self.config.mask_token_id)
         block_ids[:, 0] = anchor_ids
         positions = anchor_positions[:, None] + torch.arange(gamma, device=anchor_ids.device)
@@ -436,7 +441,7 @@ class DSparkDraftModel(PreTrainedModel):
             mask = block_mask
             empty = x.new_zeros(bsz, self.layers[0].self_attn.num_kv_heads, 0, self.config.head_dim)
             keys = values = [empty] * len(self.layers)
-        return self._run_layers(x, cos, sin, keys, values, mask[:, None])
+        return self._run_layers(x, cos, sin, keys, values, mask[:, None])[:, lead:]
 
     def training_hidden(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
                         targets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -450,8 +455,14 @@ class DSparkDraftModel(PreTrainedModel):
 
         features [N, T, m·d], positions [N, T], context_valid [N, T] bool, anchor_positions [N, A],
         block_ids [N, A, γ] (anchor then mask ids). Block a sees context rows at positions < its anchor and
-        its own γ slots (bidirectional), never other blocks. Returns h [N, A, γ, d].
+        its own γ slots (bidirectional), never other blocks. Returns h [N, A, γ, d]. With
+        ``num_unpredicted_slots`` (upstream DFlash), that many mask slots are inserted after each anchor and their
+        outputs dropped, as in :meth:`forward_block`.
         """
+        lead = getattr(self.config, "num_unpredicted_slots", 0)
+        if lead:
+            masks = block_ids.new_full((*block_ids.shape[:2], lead), self.config.mask_token_id)
+            block_ids = torch.cat([block_ids[..., :1], masks, block_ids[..., 1:]], dim=-1)
         n, num_blocks, gamma = block_ids.shape
         ctx = self.fuse_features(features)
         cos_c, sin_c = self.rotary_emb(ctx, positions)
@@ -464,7 +475,7 @@ class DSparkDraftModel(PreTrainedModel):
         mask = torch.cat([ctx_mask, block_mask], dim=-1)[:, None]
         keys, values = zip(*(layer.self_attn.project_kv(ctx, cos_c, sin_c) for layer in self.layers))
         h = self._run_layers(x, cos_b, sin_b, keys, values, mask)
-        return h.view(n, num_blocks, gamma, -1)
+        return h.view(n, num_blocks, gamma, -1)[:, :, lead:]
 
     # ---------------------------------------------------------------------------------------------------
     # Sequential sampling: the drafting primitive shared by generate, the engine, training eval and evaluation

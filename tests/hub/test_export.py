@@ -165,11 +165,100 @@ def test_heads_vllm_cannot_run_need_an_explicit_opt_out(target, head):
     assert speculators_export_problems(draft.config, vllm_servable=False) == []
 
 
-def test_reduced_draft_vocabulary_is_refused(target, tmp_path):
-    draft = make_drafter(target, draft_vocab=list(range(2, 60)))
-    with pytest.raises(SpeculatorsExportError, match="reduced draft vocabulary"):
-        save_as_speculators(draft, tmp_path)
-    assert not (tmp_path / "config.json").exists()
+DRAFT_VOCAB = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89]
+
+
+def test_reduced_draft_vocabulary_is_written_as_vllm_reads_it(target, tmp_path):
+    """vLLM's Qwen3DSpark: lm_head [draft_vocab, d] and d2t are required for a reduced vocabulary; a draft id maps
+    to draft_id + d2t[draft_id]; speculators' load_vocab_mappings checks t2d's size and true count."""
+    draft = make_drafter(target, draft_vocab=DRAFT_VOCAB)
+    save_as_speculators(draft, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["draft_vocab_size"] == len(DRAFT_VOCAB)
+    assert config["transformer_layer_config"]["vocab_size"] == 96  # markov_w1 / t2d span the target vocabulary
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        d2t, t2d, lm_head = f.get_tensor("d2t"), f.get_tensor("t2d"), f.get_tensor("lm_head.weight")
+        w2 = f.get_tensor("markov_head.markov_w2.weight")
+    assert names == speculators_tensor_names(2, "markov", confidence=True) | {"d2t", "t2d", "lm_head.weight"}
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    draft_ids = torch.arange(len(DRAFT_VOCAB))
+    assert (draft_ids + d2t[draft_ids]).tolist() == DRAFT_VOCAB  # vLLM map_draft_to_target
+    assert t2d.shape == (96,) and int(t2d.sum()) == len(DRAFT_VOCAB)
+    assert t2d.nonzero().flatten().tolist() == DRAFT_VOCAB
+    assert torch.equal(lm_head, target.get_output_embeddings().weight[DRAFT_VOCAB])  # speculators: lm_head[t2d]
+    assert w2.shape == (len(DRAFT_VOCAB), 16)
+
+
+@pytest.mark.parametrize("head", ["markov", "rnn"])
+def test_reduced_vocabulary_round_trip_is_bit_exact(target, tmp_path, head):
+    draft = make_drafter(target, head=head, draft_vocab=DRAFT_VOCAB)
+    save_as_speculators(draft, tmp_path, vllm_servable=head == "markov")
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
+    assert loaded.state_dict().keys() == draft.state_dict().keys()
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=draft)
+    got = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=loaded)
+    assert torch.equal(got, expected)
+
+
+def test_reduced_vocabulary_export_needs_the_target(target, tmp_path):
+    draft = make_drafter(target, draft_vocab=DRAFT_VOCAB)
+    draft.save_pretrained(tmp_path / "native")
+    unbound = DSparkDraftModel.from_pretrained(tmp_path / "native")
+    with pytest.raises(SpeculatorsExportError, match="bind it to its target"):
+        save_as_speculators(unbound, tmp_path / "out")
+    convert_checkpoint(tmp_path / "native", tmp_path / "out", to="speculators", target=target)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["draft_vocab_size"] == len(DRAFT_VOCAB)
+
+
+def test_verifier_is_required_and_inferred(tmp_path):
+    anonymous = make_tiny_qwen3()  # built in-process: no name_or_path
+    draft = make_drafter(anonymous)
+    assert draft.config.target_name_or_path is None
+    with pytest.raises(SpeculatorsExportError, match="--verifier"):
+        save_as_speculators(draft, tmp_path / "none")
+    assert not (tmp_path / "none" / "config.json").exists()
+    save_as_speculators(draft, tmp_path / "explicit", verifier_name_or_path="org/target")
+    assert vllm_view(json.loads((tmp_path / "explicit" / "config.json").read_text()))["verifier"] == "org/target"
+    anonymous.name_or_path = "/models/qwen3-tiny"  # the bound target's own name, when the drafter records none
+    save_as_speculators(draft, tmp_path / "bound")
+    assert vllm_view(json.loads((tmp_path / "bound" / "config.json").read_text()))["verifier"] == "/models/qwen3-tiny"
+
+
+def test_upstream_dflash_drafter_exports_as_speculators_dflash(target, tmp_path):
+    """vLLM's dflash method: sample_from_anchor=false, block_size slots, block_size - 1 speculative tokens."""
+    draft = make_drafter(target, head="none", use_confidence_head=False, num_unpredicted_slots=1)
+    save_as_speculators(draft, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    view = vllm_view({**config, "markov_rank": None, "markov_head_type": None})
+    assert view["method"] == "dflash" and config["speculators_config"]["algorithm"] == "dflash"
+    assert view["sample_from_anchor"] is False
+    assert (config["block_size"], view["num_speculative_tokens"]) == (6, 5)
+    assert "markov_rank" not in config and "enable_confidence_head" not in config
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
+    assert (loaded.config.block_size, loaded.config.num_unpredicted_slots) == (5, 1)
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_deepspec_convention_dflash_exports_only_for_speculators(target, tmp_path):
+    draft = make_drafter(target, head="none", use_confidence_head=False)
+    save_as_speculators(draft, tmp_path, vllm_servable=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["speculators_model_type"], config["sample_from_anchor"], config["block_size"]) == ("dflash", True, 5)
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
+    assert (loaded.config.block_size, loaded.config.num_unpredicted_slots) == (5, 0)
+
+
+def test_upstream_convention_dspark_needs_the_opt_out(target, tmp_path):
+    draft = make_drafter(target, num_unpredicted_slots=1)
+    assert any("sample_from_anchor=true" in p for p in speculators_export_problems(draft.config))
+    save_as_speculators(draft, tmp_path, vllm_servable=False)
+    assert json.loads((tmp_path / "config.json").read_text())["sample_from_anchor"] is False
+    rnn = make_drafter(target, head="rnn", num_unpredicted_slots=1)
+    assert any("rnn head" in p for p in speculators_export_problems(rnn.config, vllm_servable=False))
 
 
 def test_unknown_output_format_is_refused(target, tmp_path):

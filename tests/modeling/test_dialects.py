@@ -269,47 +269,205 @@ def test_detect_dialect_names_the_format():
 
 
 # -------------------------------------------------------------------------------------------------------
-# Refusals: conventions we cannot map exactly
+# Upstream DFlash block convention (the anchor slot predicts nothing)
 # -------------------------------------------------------------------------------------------------------
-def test_zlab_dflash_convention_is_refused(tmp_path, tiny_qwen3_target):
+def _upstream_native(target, **kwargs):
+    """A native drafter with the upstream block convention and the same shapes as the fixtures here."""
+    torch.manual_seed(5)
+    return DSparkDraftModel.from_target(target, num_layers=NUM_DRAFT_LAYERS, block_size=BLOCK - 1, head="none",
+                                        use_confidence_head=False, target_layer_ids=LAYER_IDS, mask_token_id=MASK,
+                                        num_unpredicted_slots=1, **kwargs).eval()
+
+
+def _same_drafts(a, b, feats_len: int = 9, anchor: int = 5):
+    feats = torch.randn(1, feats_len, len(LAYER_IDS) * 64, generator=torch.Generator().manual_seed(0))
+    blocks = []
+    for model in (a, b):
+        cache = model.extend_context(DraftCache(), feats, torch.arange(feats_len)[None])
+        blocks.append(model.draft_block(cache, torch.tensor([anchor]), torch.tensor([feats_len])))
+    assert torch.equal(blocks[0].tokens, blocks[1].tokens)
+    torch.testing.assert_close(blocks[0].draft_logits, blocks[1].draft_logits, rtol=0, atol=1e-6)
+    return blocks
+
+
+def test_zlab_dflash_loads_with_the_upstream_block_convention(tmp_path, tiny_qwen3_target):
+    """z-lab's config: Qwen3 fields, block_size at the top level, dflash_config {target_layer_ids, mask_token_id}."""
+    native = _upstream_native(tiny_qwen3_target)
+    tensors = {k: v.detach().clone() for k, v in native.state_dict().items()}
     config = specforge_config(tiny_qwen3_target, None, False, projector="dflash")
     config["dflash_config"] = {"mask_token_id": MASK, "target_layer_ids": LAYER_IDS}  # z-lab's whole dflash_config
-    write(tmp_path, config, random_tensors(layout_shapes(tiny_qwen3_target.config, None, False)))
-    with pytest.raises(CheckpointError, match=r"z-lab / SpecForge DFlash.*only the mask slots predict"):
-        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    write(tmp_path, config, tensors)
+    model = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    assert_maps_every_tensor(model, tensors, ())
+    cfg = model.config
+    assert (cfg.block_size, cfg.num_unpredicted_slots, cfg.block_slots) == (BLOCK - 1, 1, BLOCK)  # 16 -> 15 drafts
+    assert cfg.sequential_head == "none" and cfg.sequential_top_k == 0
+    _same_drafts(native, model)
+    # newer z-lab configs put block_size inside dflash_config
+    del config["block_size"]
+    config["dflash_config"]["block_size"] = BLOCK
+    write(tmp_path, config, tensors)
+    assert DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target).config.block_size == BLOCK - 1
 
 
-def test_speculators_without_anchor_sampling_is_refused(tmp_path, tiny_qwen3_target):
-    write_dialect(tmp_path, "speculators", tiny_qwen3_target, "markov", True)
+def test_upstream_convention_changes_what_is_drafted(tmp_path, tiny_qwen3_target):
+    """Same weights, same slots: upstream draft k is the output of slot k+1 (the mask at position p+k+1 names its own
+    token), DeepSpec's the output of slot k; reading an upstream checkpoint as DeepSpec-style would draft shifted."""
+    upstream = _upstream_native(tiny_qwen3_target)
+    deepspec_style = _upstream_native(tiny_qwen3_target)
+    deepspec_style.config.num_unpredicted_slots = 0
+    deepspec_style.config.block_size = BLOCK
+    feats = torch.randn(1, 9, len(LAYER_IDS) * 64, generator=torch.Generator().manual_seed(0))
+    h = [m.forward_block(m.extend_context(DraftCache(), feats, torch.arange(9)[None]), torch.tensor([5]),
+                         torch.tensor([9])) for m in (upstream, deepspec_style)]
+    assert h[0].shape[1] == BLOCK - 1 and h[1].shape[1] == BLOCK
+    torch.testing.assert_close(h[0], h[1][:, 1:], rtol=0, atol=1e-6)
+    assert not torch.allclose(h[0], h[1][:, :-1])
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_speculators_without_anchor_sampling_loads_as_the_upstream_convention(tmp_path, tiny_qwen3_target, kind):
+    head = "markov" if kind == "dspark" else None
+    written = write_dialect(tmp_path, "speculators", tiny_qwen3_target, head, kind == "dspark")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(speculators_model_type=kind)
+    if kind == "dflash":  # speculators' DFlash default is sample_from_anchor=False
+        del config["sample_from_anchor"]
+        for key in ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"):
+            config.pop(key, None)
+    else:
+        config["sample_from_anchor"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    assert_maps_every_tensor(model, written, TARGET_TENSORS)
+    assert (model.config.block_size, model.config.num_unpredicted_slots) == (BLOCK - 1, 1)
+
+
+def test_speculators_rnn_head_without_anchor_sampling_is_refused(tmp_path, tiny_qwen3_target):
+    """speculators runs the RNN state through the unpredicted anchor slot too; ours starts at the first draft."""
+    write_dialect(tmp_path, "speculators", tiny_qwen3_target, "rnn", True)
     config = json.loads((tmp_path / "config.json").read_text())
     config["sample_from_anchor"] = False
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="sample_from_anchor=false"):
-        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
-    del config["sample_from_anchor"], config["markov_rank"]
-    config["speculators_model_type"] = "dflash"  # speculators' DFlash default is sample_from_anchor=False
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="sample_from_anchor=false"):
+    with pytest.raises(CheckpointError, match="rnn.*anchor slot"):
         DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
 
 
-def test_speculators_reduced_draft_vocabulary_is_refused(tmp_path, tiny_qwen3_target):
-    vocab, draft_vocab = tiny_qwen3_target.config.vocab_size, 48
-    tensors = with_target_tensors(random_tensors(layout_shapes(tiny_qwen3_target.config, "markov", True)),
-                                  tiny_qwen3_target)
-    tensors.update({"lm_head.weight": torch.randn(draft_vocab, 64),
-                    "markov_head.markov_w2.weight": torch.randn(draft_vocab, RANK),
-                    "t2d": torch.arange(vocab) < draft_vocab, "d2t": torch.zeros(draft_vocab, dtype=torch.long)})
-    write(tmp_path, speculators_config(tiny_qwen3_target, "markov", True, draft_vocab_size=draft_vocab), tensors)
-    with pytest.raises(CheckpointError, match=r"reduced draft vocabulary \(draft_vocab_size=48 < vocab_size=96"):
-        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["draft_vocab_size"] = vocab  # config claims the full vocabulary, but d2t says otherwise
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="reduced draft vocabulary"):
+def test_foreign_dialects_draft_over_the_full_vocabulary(tmp_path, tiny_qwen3_target):
+    for dialect in ("deepspec", "specforge", "speculators"):
+        write_dialect(tmp_path / dialect, dialect, tiny_qwen3_target, "markov", True)
+        assert DSparkDraftModel.from_pretrained(tmp_path / dialect, target=tiny_qwen3_target).config \
+            .sequential_top_k == 0, dialect
+
+
+# -------------------------------------------------------------------------------------------------------
+# Reduced vocabularies: d2t / t2d (speculators, SpecForge, EAGLE-style)
+# -------------------------------------------------------------------------------------------------------
+DRAFT_IDS = [2, 3, 5, 8, 13, 21, 34, 55, 60, 61, 62, 70, 80, 89, 90, 95]
+
+
+def eagle_style_mapping(ids: list[int], vocab: int) -> dict[str, torch.Tensor]:
+    """speculators build_vocab_mappings_from_distribution / EAGLE-3: d2t offsets, t2d mask."""
+    d2t = torch.tensor(ids) - torch.arange(len(ids))
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return {"d2t": d2t, "t2d": t2d}
+
+
+def reduced_vocab_tensors(target, ids=DRAFT_IDS, head="markov", confidence=True, seed=0) -> dict:
+    tensors = with_target_tensors(random_tensors(layout_shapes(target.config, head, confidence), seed), target)
+    tensors["markov_head.markov_w2.weight"] = torch.randn(len(ids), RANK)
+    tensors["lm_head.weight"] = target.get_output_embeddings().weight.detach()[ids].clone()  # draft rows
+    tensors.update(eagle_style_mapping(ids, target.config.vocab_size))
+    return tensors
+
+
+@pytest.mark.parametrize("dialect", ["speculators", "specforge"])
+def test_reduced_draft_vocabulary_loads(tmp_path, tiny_qwen3_target, dialect):
+    tensors = reduced_vocab_tensors(tiny_qwen3_target)
+    config = (speculators_config(tiny_qwen3_target, "markov", True, draft_vocab_size=len(DRAFT_IDS))
+              if dialect == "speculators" else specforge_config(tiny_qwen3_target, "markov", True))
+    write(tmp_path, config, tensors)
+    model = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    assert model.config.draft_vocab_size == len(DRAFT_IDS)
+    assert model.draft_to_target.tolist() == DRAFT_IDS  # vLLM's map_draft_to_target: index + d2t[index]
+    assert torch.equal(model.markov_head.markov_w2.weight, tensors["markov_head.markov_w2.weight"])
+    dropped = {"d2t", "t2d", "embed_tokens.weight", "lm_head.weight", "draft_to_target"}
+    for name, tensor in model.state_dict().items():
+        if name not in dropped:
+            assert torch.equal(tensor, tensors[name]), name
+    # drafts are target ids inside the draft vocabulary
+    cache = model.extend_context(DraftCache(), torch.randn(1, 7, len(LAYER_IDS) * 64), torch.arange(7)[None])
+    block = model.draft_block(cache, torch.tensor([4]), torch.tensor([7]))
+    assert set(block.tokens.flatten().tolist()) <= set(DRAFT_IDS)
+
+
+def test_reduced_vocabulary_in_any_stored_order_drafts_identically(tmp_path, tiny_qwen3_target):
+    """A d2t whose target ids are not ascending is the same drafter with its draft rows permuted."""
+    tensors = reduced_vocab_tensors(tiny_qwen3_target)
+    config = speculators_config(tiny_qwen3_target, "markov", True, draft_vocab_size=len(DRAFT_IDS))
+    write(tmp_path / "sorted", config, tensors)
+    perm = torch.randperm(len(DRAFT_IDS), generator=torch.Generator().manual_seed(1))
+    shuffled = dict(tensors, **{"markov_head.markov_w2.weight": tensors["markov_head.markov_w2.weight"][perm],
+                                "lm_head.weight": tensors["lm_head.weight"][perm]})
+    shuffled["d2t"] = torch.tensor(DRAFT_IDS)[perm] - torch.arange(len(DRAFT_IDS))
+    write(tmp_path / "shuffled", config, shuffled)
+    a, b = (DSparkDraftModel.from_pretrained(tmp_path / name, target=tiny_qwen3_target)
+            for name in ("sorted", "shuffled"))
+    assert torch.equal(a.draft_to_target, b.draft_to_target)
+    assert torch.equal(a.markov_head.markov_w2.weight, b.markov_head.markov_w2.weight)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("no_mapping", r"declares draft_vocab_size=16 < vocab_size=96 but the checkpoint stores no d2t / t2d"),
+    ("disagree", "d2t and t2d disagree"),
+    ("declared", r"declares draft_vocab_size=20 but d2t/t2d hold 16"),
+    ("repeated", "invalid or repeated target ids"),
+    ("foreign_head", "not the target's LM head"),
+    ("w2_rows", r"'markov_head\.markov_w2\.weight' has shape \(96, 8\) but .* expects \(16, 8\)"),
+])
+def test_broken_vocabulary_mappings_are_refused(tmp_path, tiny_qwen3_target, change, message):
+    tensors = reduced_vocab_tensors(tiny_qwen3_target)
+    config = speculators_config(tiny_qwen3_target, "markov", True, draft_vocab_size=len(DRAFT_IDS))
+    if change == "no_mapping":
+        del tensors["d2t"], tensors["t2d"]
+    elif change == "disagree":
+        tensors["t2d"][DRAFT_IDS[0]], tensors["t2d"][1] = False, True
+    elif change == "declared":
+        config["draft_vocab_size"] = 20
+    elif change == "repeated":
+        tensors["d2t"][1] = tensors["d2t"][0] - 1  # two draft tokens -> one target id
+        del tensors["t2d"]
+    elif change == "foreign_head":
+        tensors["lm_head.weight"] = torch.randn_like(tensors["lm_head.weight"])  # a head trained on its own
+    elif change == "w2_rows":
+        tensors["markov_head.markov_w2.weight"] = torch.randn(96, RANK)
+    write(tmp_path, config, tensors)
+    with pytest.raises(CheckpointError, match=message):
         DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
 
 
+def test_full_vocabulary_mapping_is_the_full_vocabulary(tmp_path, tiny_qwen3_target):
+    """speculators accepts and ignores identity full-vocabulary t2d/d2t; so do we."""
+    vocab = tiny_qwen3_target.config.vocab_size
+    written = write_dialect(tmp_path, "speculators", tiny_qwen3_target, "markov", True)
+    write(tmp_path, speculators_config(tiny_qwen3_target, "markov", True),
+          dict(written, **eagle_style_mapping(list(range(vocab)), vocab)))
+    model = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    assert model.config.draft_vocab_size is None and model.draft_to_target is None
+
+
+def test_deepspec_has_no_vocabulary_mapping(tmp_path, tiny_qwen3_target):
+    written = write_dialect(tmp_path, "deepspec", tiny_qwen3_target, "markov", True)
+    write(tmp_path, deepspec_config(tiny_qwen3_target, "markov", True),
+          dict(written, **eagle_style_mapping(DRAFT_IDS, tiny_qwen3_target.config.vocab_size)))
+    with pytest.raises(CheckpointError, match=r"deepspec checkpoint stores \['d2t', 't2d'\]"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+
+
+# -------------------------------------------------------------------------------------------------------
+# Refusals: conventions we cannot map exactly
+# -------------------------------------------------------------------------------------------------------
 def test_embedding_taps_are_refused(tmp_path, tiny_qwen3_target):
     write_dialect(tmp_path, "speculators", tiny_qwen3_target, "markov", True)
     config = json.loads((tmp_path / "config.json").read_text())

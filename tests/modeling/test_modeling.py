@@ -139,8 +139,10 @@ def test_incremental_cache_matches_scratch(target):
 
 
 @torch.no_grad()
-def test_forward_block_matches_training_forward(target):
+@pytest.mark.parametrize("unpredicted", [0, 1])
+def test_forward_block_matches_training_forward(target, unpredicted):
     model = make_drafter(target)
+    model.config.num_unpredicted_slots = unpredicted  # 1: upstream DFlash, [anchor, MASK × γ], masks predict
     feats = features(10)
     anchor_pos, anchor_id = 6, 17
     block_ids = torch.full((1, 1, GAMMA), model.config.mask_token_id)
@@ -148,6 +150,7 @@ def test_forward_block_matches_training_forward(target):
     trained = model(feats, torch.arange(10)[None], torch.ones(1, 10, dtype=torch.bool), torch.tensor([[anchor_pos]]),
                     block_ids)
     drafted = block_hidden(model, feats, torch.tensor([anchor_id]), torch.tensor([anchor_pos]))
+    assert trained.shape[2] == drafted.shape[1] == GAMMA  # one state per draft either way
     torch.testing.assert_close(trained[:, 0], drafted, rtol=0, atol=1e-5)
 
 

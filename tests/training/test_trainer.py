@@ -110,6 +110,18 @@ def test_dflash_trains_with_ce_only(tmp_path, target, cache):
     assert trainer.drafter.markov_head is None and trainer.drafter.confidence_head is None
 
 
+def test_upstream_dflash_convention_trains_and_saves_it(tmp_path, target, cache):
+    """num_unpredicted_slots=1 (z-lab / transformers DFlash): training runs the same [anchor, MASK × γ] block that
+    drafting runs, and the saved drafter records the convention."""
+    trainer = _trainer(target, cache, tmp_path, head="none", max_steps=3)
+    trainer.drafter.config.num_unpredicted_slots = 1
+    trainer.train()
+    losses = _losses(tmp_path)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    saved = json.loads((tmp_path / FINAL_DIR / "config.json").read_text())
+    assert saved["num_unpredicted_slots"] == 1 and saved["block_size"] == 4
+
+
 def test_time_budget_stops_with_a_checkpoint_and_the_same_command_finishes(tmp_path, target, cache):
     trainer = _trainer(target, cache, tmp_path, max_steps=3, max_minutes=0.0)
     trainer.train(resume=True)  # nothing to resume yet: starts from scratch
