@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..modeling.architectures import architecture_of, has_sequential_head, method_label
 from ..modeling.dialects import CheckpointError, LoadPlan, plan_load
 
 
@@ -71,9 +72,9 @@ def _vocabulary(plan: LoadPlan) -> str:
 
 
 def _heads(config) -> str:
-    if config.drafter_architecture == "eagle3":
-        return "none (autoregressive Eagle3-style baseline)"
-    if config.sequential_head == "none":
+    if architecture_of(config).autoregressive:
+        return f"none (autoregressive {method_label(config)}-style baseline)"
+    if not has_sequential_head(config):
         head = "none (DFlash: every draft from its own slot's logits)"
     else:
         head = f"{config.sequential_head} (rank {config.markov_rank})"
@@ -84,7 +85,7 @@ def _heads(config) -> str:
 
 
 def _drafting(config) -> str:
-    if config.sequential_head == "none" or config.drafter_architecture != "block":
+    if not has_sequential_head(config) or architecture_of(config).autoregressive:
         return "each draft from its own logits (no sequential head)"
     if not config.sequential_top_k:
         return "sequential bias over the full (draft) vocabulary, as the reference drafts"

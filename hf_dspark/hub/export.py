@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from ..modeling.architectures import architecture_of, has_sequential_head
 from ..modeling.configuration import DSparkConfig
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _layer_family_problem(config: DSparkConfig, vllm_servable: bool) -> str | No
 
 def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
     unpredicted = getattr(config, "num_unpredicted_slots", 0)
-    if config.sequential_head == "none":
+    if not has_sequential_head(config):
         if unpredicted == 1 or not vllm_servable:
             return None
         return ("it is a DFlash drafter (sequential_head='none') using the DeepSpec convention (the anchor slot "
@@ -111,7 +112,7 @@ def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
 
 
 def _architecture_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
-    if config.drafter_architecture == "block":
+    if architecture_of(config).exports_to_speculators:
         return None
     return (f"it is hf-dspark's {config.drafter_architecture!r} baseline, whose layer and tensor layout are ours, not "
             "speculators' Eagle3 checkpoint layout; it is a baseline for comparisons, served with "
@@ -168,7 +169,7 @@ def _hf_dspark_block(config: DSparkConfig) -> dict:
 
 def speculators_model_type(config: DSparkConfig) -> str:
     """``"dspark"`` for drafters with a sequential head, ``"dflash"`` for those without."""
-    return DFLASH_MODEL_TYPE if config.sequential_head == "none" else SPECULATORS_MODEL_TYPE
+    return SPECULATORS_MODEL_TYPE if has_sequential_head(config) else DFLASH_MODEL_TYPE
 
 
 def resolve_verifier(config: DSparkConfig, verifier_name_or_path: str | None = None, target=None) -> str:

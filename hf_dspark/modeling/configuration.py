@@ -214,7 +214,7 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={vocab}].")
         if self.num_unpredicted_slots < 0:
             raise ValueError(f"num_unpredicted_slots={self.num_unpredicted_slots} must be >= 0.")
-        if self.num_unpredicted_slots and self.drafter_architecture != "block":
+        if self.num_unpredicted_slots and architecture.autoregressive:
             raise ValueError("num_unpredicted_slots applies to block drafters only.")
         if self.sequential_top_k < 0:
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
