@@ -238,9 +238,12 @@ class RaggedBatch:
         drafter: its attention masks by position and validity)."""
         if not self._pending:
             return
-        features, positions, valid = (torch.cat([part[i] for part in self._pending], dim=1) for i in range(3))
-        has_next = all(part[3] is not None for part in self._pending)
-        next_ids = torch.cat([part[3] for part in self._pending], dim=1) if has_next else None
+        def joined(i: int) -> torch.Tensor:
+            parts = [part[i] for part in self._pending]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+        features, positions, valid = joined(0), joined(1), joined(2)
+        next_ids = joined(3) if all(part[3] is not None for part in self._pending) else None
         host_counts = [part[4] for part in self._pending]
         counts = [sum(c) for c in zip(*host_counts)] if all(c is not None for c in host_counts) else None
         self._pending = []

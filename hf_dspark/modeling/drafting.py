@@ -137,7 +137,8 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
     if early_exit is None:
         early_exit = device.type == "cpu"
     early_exit = bool(early_exit and threshold and threshold > 0 and model.confidence_head is not None)
-    fast_greedy = not do_sample and logits_processor is None  # pick in draft space, no full-vocabulary tensors
+    # pick in draft space, no full-vocabulary tensors (a processor that changes nothing counts as none)
+    fast_greedy = not do_sample and (logits_processor is None or getattr(logits_processor, "is_identity", False))
     base_logits = None if early_exit else model.compute_draft_logits(hidden).float()
     state = head.init_state(bsz, hidden) if head is not None else None
     tokens = anchor_ids.new_zeros(bsz, max(gamma, 0))
