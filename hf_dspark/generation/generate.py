@@ -27,6 +27,8 @@ from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
 from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
+from .lookup import LookupHistoryKey, LookupProposer
+from .memory import LONG_MATCH_TOKENS, memory_for
 from .processing import RowLogitsProcessor, adapt_for_rows
 from .ragged_batch import RaggedBatch
 from .row_tokens import RowTokens
@@ -79,25 +81,63 @@ class StopRules:
         return len(new), False
 
 
-def _default_policy(drafter, num_tokens: int | None, threshold: float | None) -> VerifyPolicy:
-    """The threshold policy: drafts stop at the first slot whose calibrated confidence is below the threshold
-    (the drafter config's ``confidence_threshold`` unless given; > 1 never drafts), at most ``num_tokens``."""
+def _threshold_policy(drafter, num_tokens: int | None, threshold: float | None) -> VerifyPolicy:
+    """Explicit limits: drafts stop at the first slot whose calibrated confidence is below the threshold (the
+    drafter config's ``confidence_threshold`` unless given; > 1 never drafts), at most ``num_tokens``."""
     threshold = drafter.config.confidence_threshold if threshold is None else threshold
     return ThresholdPolicy(threshold, num_tokens=num_tokens, max_threshold=math.inf)
+
+
+def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_scope: str, step_cost, tokenizer,
+               rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
+    """The round one ``generate`` call runs: explicit limits -> the threshold policy (drafter only); otherwise the
+    cost-aware scheduler, remembered across calls on this target, with the lookup proposer unless turned off."""
+    if lookup not in (True, False, "only"):
+        raise ValueError(f"dspark_lookup must be True, False or 'only' (lookup proposals without the drafter), got "
+                         f"{lookup!r}")
+    explicit = num_tokens is not None or threshold is not None
+    if policy is None and explicit:
+        policy = _threshold_policy(drafter, num_tokens, threshold)
+    elif isinstance(policy, str):
+        policy = make_policy(policy)
+    memory = memory_for(model)
+    if policy is None:
+        policy = memory.policy_for(drafter)
+    round_drafter = None if lookup == "only" else drafter
+    width = 1 + max(drafter.config.block_size, LONG_MATCH_TOKENS if lookup else 0)
+    cost = step_cost if step_cost is not None else (lambda: memory.cost_for(model, round_drafter, rows, width))
+    proposer = None
+    if lookup and policy.supports_lookup:
+        key = LookupHistoryKey.for_model(model, tokenizer, lookup_scope)
+        proposer = LookupProposer(memory.history, key, max_tokens=max(drafter.config.block_size, 8),
+                                  long_match_tokens=LONG_MATCH_TOKENS)
+    round_ = SpeculativeRound(model, round_drafter, policy, cost=cost, verify_fn=verify,
+                              sequential_top_k=sequential_top_k, observe_time=step_cost is None,
+                              lookup=proposer, calibrator=memory.calibrator)
+    return round_, proposer
 
 
 def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
                   generation_config=None, dspark_drafter=None, dspark_streamer=None, dspark_generator=None,
                   dspark_recorder=None, dspark_num_tokens: int | None = None,
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
-                  dspark_sequential_top_k: int | None = None, tokenizer=None, **model_kwargs):
+                  dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
+                  dspark_lookup_scope: str = "", dspark_step_cost=None, tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
-    ``dspark_num_tokens`` caps the drafts proposed per round (0 = no drafting; default: the block) and
-    ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose calibrated confidence is below
-    it (default: the drafter config's ``confidence_threshold``); ``dspark_policy`` replaces both with any verify
-    policy (an instance or a registered name); ``dspark_sequential_top_k`` overrides the drafter's sequential-bias
-    support (0 = full vocabulary). All are plain ``generate`` keyword arguments.
+    By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
+    this machine's measured step cost (profiled once, cached): per row it takes the lookup proposal (drafts
+    copied from the row's context or earlier calls), the drafter's block, or nothing, and verifies as far as
+    it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
+    "only": lookup without running the drafter), ``dspark_lookup_scope`` (which earlier calls' text the lookup
+    may reuse: calls with different scopes never share; acceptance timing can reveal another scope's text) and
+    ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it.
+
+    Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round
+    (0 = no drafting) and ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose
+    calibrated confidence is below it (unset: the drafter config's ``confidence_threshold``). ``dspark_policy``
+    takes any verify policy (an instance or a registered name); ``dspark_sequential_top_k`` overrides the
+    drafter's sequential-bias support (0 = full vocabulary). All are plain ``generate`` keyword arguments.
 
     ``dspark_recorder`` (optional, e.g. ``evaluation.recorder.RoundRecorder``) gets
     ``observe_round(num_proposed [B], num_accepted [B], num_committed [B], confidence_logits [B, γ] | None)``
@@ -115,10 +155,6 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     pad = generation_config._pad_token_tensor
     eos = generation_config._eos_token_tensor
     pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
-    if dspark_policy is None:
-        policy = _default_policy(drafter, dspark_num_tokens, dspark_confidence_threshold)
-    else:
-        policy = make_policy(dspark_policy) if isinstance(dspark_policy, str) else dspark_policy
 
     stats = DSparkStats.new(drafter.config.block_size)
     drafter.stats = stats
@@ -168,19 +204,29 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                     draft_cache=draft_cache)
         batch.keep(active)
 
-        round_ = SpeculativeRound(model, drafter, policy, verify_fn=verify, sequential_top_k=dspark_sequential_top_k)
+        round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
+                                    threshold=dspark_confidence_threshold,
+                                    lookup=dspark_lookup if dspark_recorder is None else False,
+                                    lookup_scope=dspark_lookup_scope, step_cost=dspark_step_cost,
+                                    tokenizer=tokenizer, rows=bsz, sequential_top_k=dspark_sequential_top_k)
+        if lookup is not None:
+            for b in range(bsz):
+                lookup.start_row(b, tokens.host[b][tokens.num_pad[b]:])  # own prompt + first token
         while active:
             processor = RowLogitsProcessor([row_processors[b] for b in active], tokens=tokens, rows=active)
             budgets = [max_length - tokens.lengths[b] for b in active]
-            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator, tap=tap)
+            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator, tap=tap,
+                                row_ids=active)
             committed, still = [], []
             for i, b in enumerate(active):
                 n, finished = stop.commit(tokens, b, result.tokens[i])
                 committed.append(n)
                 _record_scores(scores, raw_logits, b, result.target_logits[i, :n], result.raw_logits[i, :n])
+                if lookup is not None:
+                    lookup.commit(b, result.tokens[i][:n])
                 if not finished:
                     still.append(i)
-            stats.observe_round(result.lengths, result.num_accepted, committed)
+            stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
             stats.draft_seconds += result.draft_seconds
             stats.verify_seconds += result.verify_seconds
             if dspark_recorder is not None:
@@ -195,6 +241,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
 
+        if lookup is not None:
+            for b in range(bsz):  # this call's text becomes lookup history for later calls with the same key
+                lookup.end_row(b, keep_in_history=True)
     if dspark_streamer is not None:
         dspark_streamer.end()
     stats.log()

@@ -26,6 +26,7 @@ import torch
 from ..modeling.drafting import DraftBlock
 from ..modeling.target_support import cache_kwarg
 from ..scheduling.step_cost import SPSProfile, StepCostProfile
+from .proposals import DRAFTER, LOOKUP, NO_SOURCE, RoundPlan, assemble_drafts, combined_confidences, truncate
 from .ragged_batch import RaggedBatch
 from .verification import verify as default_verify
 
@@ -45,6 +46,7 @@ class RoundResult:
     target_logits: torch.Tensor  # [R, W, V] after the logits processors (device)
     draft_seconds: float
     verify_seconds: float
+    sources: list[str] | None = None  # per row: "drafter", "lookup" or "none" (a plain decoding step)
 
 
 class SpeculativeRound:
@@ -63,7 +65,7 @@ class SpeculativeRound:
     """
 
     def __init__(self, target, drafter, policy, *, cost=None, verify_fn=None, observe_time: bool = False,
-                 sequential_top_k: int | None = None, max_deferred_rounds: int = 64):
+                 sequential_top_k: int | None = None, max_deferred_rounds: int = 64, lookup=None, calibrator=None):
         self.target, self.drafter, self.policy = target, drafter, policy
         self._cost = cost
         self.verify_fn = verify_fn or default_verify
@@ -73,6 +75,12 @@ class SpeculativeRound:
         self.cache_name = cache_kwarg(target)
         self.block_size = drafter.config.block_size if drafter is not None else 0
         self.max_drafts = policy.max_drafts(self.block_size) if drafter is not None else 0
+        # the lookup proposer is offered only to policies that can weigh it against the drafter
+        self.lookup = lookup if policy.supports_lookup else None
+        self.calibrator = calibrator
+        if self.lookup is not None and calibrator is None:
+            raise ValueError("SpeculativeRound: a lookup proposer needs its LookupCalibrator (survival estimates)")
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
 
     @property
     def cost(self):
@@ -82,21 +90,30 @@ class SpeculativeRound:
         return self._cost
 
     def run(self, batch: RaggedBatch, processor, budgets: Sequence[int], *, do_sample: bool | Sequence[bool],
-            generator=None, tap=None, step: int | None = None) -> RoundResult:
+            generator=None, tap=None, step: int | None = None, row_ids: Sequence | None = None) -> RoundResult:
         """One round for every row of ``batch``. ``budgets[r]``: tokens row r may still commit (≥ 1); the round
         never proposes more than ``budgets[r] - 1`` drafts (it always adds a recovered / bonus token).
         ``do_sample``: one mode for the batch or one per row; ``generator``: shared or one per row; ``tap``: the
-        target feature tap the drafter context is read from (None without a drafter)."""
+        target feature tap the drafter context is read from (None without a drafter); ``row_ids``: each row's
+        id in the lookup proposer (lookup proposals are offered only when given)."""
         start = time.perf_counter()
         rows = len(batch)
         per_row = not isinstance(do_sample, bool)
-        any_sampled = any(do_sample) if per_row else do_sample
-        block, confidence, lengths = None, None, [0] * rows
-        if self.max_drafts and self.policy.wants_drafts(rows, self.cost if self.policy.needs_step_cost else None):
-            block, confidence, lengths = self._propose(batch, processor, budgets, do_sample, any_sampled, generator,
-                                                       step)
+        modes = [bool(m) for m in do_sample] if per_row else [bool(do_sample)] * rows
+        any_sampled = any(modes)
+        cost = self.cost if self.policy.needs_step_cost else None
+        plan = self._plan(rows, budgets, cost, row_ids)
+        block, proposed, confidence = None, np.zeros(rows, dtype=np.int64), None
+        if plan.run_drafter:
+            block, proposed, confidence = self._draft(batch, processor, any_sampled, modes if per_row else None,
+                                                      generator)
+            if plan.proposals is not None and confidence is not None:
+                plan.use_lookup = self.policy.refine_sources(confidence, plan.lookup_confidences, plan.use_lookup,
+                                                             switchable=~np.asarray(modes, dtype=bool))
+        lengths, sources, drafter_rows = self._choose(plan, block, proposed, confidence, budgets, cost, step)
         width = 1 + max(lengths, default=0)
-        drafts = block.tokens[:, : width - 1] if block is not None else batch.anchors.new_zeros(rows, 0)
+        drafts, probs = assemble_drafts(block, plan, lengths, sources, width, batch.anchors, self.vocab_size,
+                                        any_sampled)
         mid = time.perf_counter()
 
         # -- verify: one target forward over [anchor, drafts] for every row --------------------------------------
@@ -108,10 +125,8 @@ class SpeculativeRound:
         raw = out.logits[:, -width:].float()
         target_logits = raw if processor.is_identity else processor.process_positions(drafts, raw.clone())
         lengths_dev = torch.tensor(lengths, dtype=torch.long, device=batch.device)
-        probs = block.draft_probs[:, : width - 1] if (block is not None and any_sampled) else (
-            raw.new_zeros(rows, width - 1, raw.shape[-1]) if any_sampled else None)
-        result = self.verify_fn(drafts, lengths_dev, target_logits, probs, do_sample=list(do_sample) if per_row
-                                else do_sample, generator=generator, host_num_drafts=lengths)
+        result = self.verify_fn(drafts, lengths_dev, target_logits, probs, do_sample=modes if per_row else do_sample,
+                                generator=generator, host_num_drafts=lengths)
         host = torch.cat([result.num_accepted[:, None], result.output_tokens[:, :width]], dim=1).tolist()  # read 2
         num_accepted = [row[0] for row in host]
         tokens = [row[1:2 + a] for row, a in zip(host, num_accepted)]
@@ -125,39 +140,74 @@ class SpeculativeRound:
             if batch.num_deferred_steps >= self.max_deferred_rounds:
                 batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
         batch.commit_round(kept, result.next_tokens, result.num_accepted, host_accepted=num_accepted)
-        if confidence is not None:
-            self.policy.observe(confidence, np.asarray(lengths), np.asarray(num_accepted))
+        self._observe(plan, confidence, drafter_rows, lengths, num_accepted, sources)
         end = time.perf_counter()
         if self.observe_time and self.policy.needs_step_cost:
-            cost = self.cost
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
             self.policy.observe_step(block is not None, predicted, end - start)
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
-                           draft_seconds=mid - start, verify_seconds=end - mid)
+                           draft_seconds=mid - start, verify_seconds=end - mid, sources=sources)
 
-    def _propose(self, batch: RaggedBatch, processor, budgets, do_sample, any_sampled: bool, generator,
-                 step) -> tuple[DraftBlock, np.ndarray | None, list[int]]:
-        """Draft for every row in one pass, read what the policy needs (read 1), let it choose ℓ_r."""
+    def _plan(self, rows: int, budgets: Sequence[int], cost, row_ids) -> RoundPlan:
+        """Lookup proposals and the policy's decision whether the drafter runs (before anything is drafted)."""
+        if self.lookup is None or row_ids is None:
+            return RoundPlan(bool(self.max_drafts) and self.policy.wants_drafts(rows, cost))
+        caps = [max(int(b) - 1, 0) for b in budgets]
+        proposals = [truncate(p, cap) for p, cap in zip(self.lookup.propose(row_ids, max_tokens=caps), caps)]
+        confidences = self.calibrator.confidence_matrix(proposals)
+        use_lookup, run_drafter = self.policy.plan_sources(confidences, cost, drafter_available=bool(self.max_drafts))
+        return RoundPlan(bool(run_drafter), proposals, confidences, np.asarray(use_lookup, dtype=bool))
+
+    def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator):
+        """Draft for every row in one pass and read what the policy needs (read 1)."""
         batch.flush_context(self.drafter)
-        greedy_rows = [not s for s in do_sample] if not isinstance(do_sample, bool) else None
         block = self.drafter.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
                                          num_tokens=self.max_drafts, do_sample=any_sampled,
                                          logits_processor=processor, generator=generator if any_sampled else None,
                                          confidence_threshold=self.policy.draft_threshold(),
-                                         greedy_rows=greedy_rows, sequential_top_k=self.sequential_top_k)
+                                         greedy_rows=None if modes is None else [not m for m in modes],
+                                         sequential_top_k=self.sequential_top_k)
         if block.confidence is not None:
             packed = torch.cat([block.num_drafts[:, None].to(block.confidence.dtype), block.confidence], dim=1)
             packed = packed.double().cpu().numpy()  # read 1
-            proposed, confidence = packed[:, 0].astype(np.int64), packed[:, 1:]
+            return block, packed[:, 0].astype(np.int64), packed[:, 1:]
+        return block, block.num_drafts.cpu().numpy().astype(np.int64), None  # read 1
+
+    def _choose(self, plan: RoundPlan, block, proposed: np.ndarray, confidence, budgets, cost, step):
+        """ℓ_r for every row (never more than its source proposes or its budget allows) and each row's source."""
+        rows = len(budgets)
+        caps = np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0)
+        drafter_max = np.minimum(proposed, caps) if block is not None else np.zeros(rows, dtype=np.int64)
+        if plan.proposals is None:
+            if block is None:
+                return [0] * rows, [NO_SOURCE] * rows, np.zeros(rows, dtype=bool)
+            # host tensors (CPU: no device traffic); policies read them as numpy
+            chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
+                                        torch.from_numpy(drafter_max), cost, step=step)
+            drafter_rows = np.ones(rows, dtype=bool)
+            max_lengths = drafter_max
         else:
-            proposed, confidence = block.num_drafts.cpu().numpy(), None  # read 1
-        max_lengths = np.minimum(proposed, np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0))
-        cost = self.cost if self.policy.needs_step_cost else None
-        # host tensors (CPU: no device traffic); policies read them as numpy
-        chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
-                                    torch.from_numpy(max_lengths), cost, step=step)
+            use_lookup = plan.use_lookup
+            drafter_rows = ~use_lookup & (block is not None)
+            lookup_len = np.array([len(p) for p in plan.proposals], dtype=np.int64)
+            max_lengths = np.where(use_lookup, lookup_len, np.where(drafter_rows, drafter_max, 0))
+            conf = combined_confidences(plan, confidence, drafter_rows, rows)
+            chosen = self.policy.choose(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost, step=step,
+                                        drafter_rows=drafter_rows, drafted=block is not None)
         chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
-        return block, confidence, [int(x) for x in chosen]
+        lengths = [int(x) for x in chosen]
+        sources = [NO_SOURCE if n == 0 else DRAFTER if drafter_rows[r] else LOOKUP for r, n in enumerate(lengths)]
+        return lengths, sources, drafter_rows
+
+    def _observe(self, plan: RoundPlan, confidence, drafter_rows: np.ndarray, lengths, num_accepted, sources) -> None:
+        """Resolved drafts calibrate their source: the policy's online correction, the lookup calibrator."""
+        lengths, accepted = np.asarray(lengths), np.asarray(num_accepted)
+        if confidence is not None and drafter_rows.any():
+            self.policy.observe(confidence[drafter_rows], lengths[drafter_rows], accepted[drafter_rows])
+        lookup_rows = [r for r, s in enumerate(sources) if s == LOOKUP]
+        if lookup_rows:
+            self.calibrator.observe_batch([plan.proposals[r] for r in lookup_rows], lengths[lookup_rows],
+                                          accepted[lookup_rows])
 
 
 def prefill(target, input_ids: torch.Tensor, positions: torch.Tensor, cache, *, pick_first=None,

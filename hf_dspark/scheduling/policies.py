@@ -54,6 +54,9 @@ class VerifyPolicy:
     name: str = ""
     #: True when :meth:`choose` / :meth:`wants_drafts` read the step cost (the engine then measures it).
     needs_step_cost: bool = False
+    #: True when the policy can weigh lookup proposals against the drafter (:meth:`plan_sources`); the round
+    #: offers lookup proposals only to such policies.
+    supports_lookup: bool = False
 
     def choose(self, confidences: torch.Tensor | np.ndarray | None, max_lengths: ArrayLike, sps: "SPSProfile", *,
                step: int | None = None) -> torch.Tensor:
@@ -362,15 +365,24 @@ class ScheduledPolicy(VerifyPolicy):
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
         self._skipped_in_a_row = 0
 
-    def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
+    supports_lookup = True
+
+    def choose(self, confidences, max_lengths, sps, *, step=None, drafter_rows=None,
+               drafted: bool = True) -> torch.Tensor:
+        """``drafter_rows`` [R] bool: rows whose confidences come from the drafter (online-corrected and
+        remembered as the drafter's survival); other rows carry already-calibrated lookup confidences.
+        ``drafted``: the drafter ran this round (its cost is part of every width's step time)."""
         lengths = _as_lengths(max_lengths)
         num_requests = lengths.size
-        conf = self.calibrated(fill_confidences(confidences, lengths, missing=self.missing_confidence))
+        conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
+        rows = np.ones(num_requests, dtype=bool) if drafter_rows is None else np.asarray(drafter_rows, dtype=bool)
+        if rows.any():
+            conf[rows] = self.calibrated(conf[rows])
         survival = prefix_survival(conf)
-        if num_requests and survival.shape[1]:
-            self._remember(survival)
+        if rows.any() and survival.shape[1]:
+            self._remember(survival[rows])
         if self.objective == "padded" and _is_step_cost(sps):
-            return _as_result(self._choose_width(survival, lengths, sps), max_lengths)
+            return _as_result(self._choose_width(survival, lengths, sps, drafted), max_lengths)
         rows, _, values = admission_order(survival)
         theta = throughput_path(values, num_requests, sps)
         num_admitted = num_leading_improvements(theta)
@@ -379,14 +391,66 @@ class ScheduledPolicy(VerifyPolicy):
                      values.size, self.last_theta)
         return _as_result(lengths_from_admissions(rows, num_admitted, num_requests), max_lengths)
 
-    def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile") -> np.ndarray:
+    def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile",
+                      drafted: bool = True) -> np.ndarray:
         gamma = min(survival.shape[1], cost.max_width - 1)
-        theta = padded_width_path(survival[:, :gamma], cost)
+        theta = padded_width_path(survival[:, :gamma], cost, drafted=drafted)
         width = num_leading_improvements(theta)
         self.last_theta = float(theta[width])
         logger.debug("scheduled (padded): R=%d, width %d of %d, Θ=%.3f", lengths.size, width, gamma,
                      self.last_theta)
         return np.minimum(lengths, width)
+
+    # -- two proposers: lookup and drafter -------------------------------------------------------------------
+    def plan_sources(self, lookup_confidences: np.ndarray, cost, *, drafter_available: bool,
+                     wants: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+        """Before drafting: which rows take their lookup proposal, and whether the drafter runs at all.
+
+        ``lookup_confidences`` [R, L] calibrated conditional confidences of each row's lookup proposal (0 past its
+        end). A row takes its lookup proposal when that is expected to accept more than the drafter has been
+        accepting lately (its mean survival per position); the drafter runs when drafting the remaining rows beats
+        the best step without the drafter (lookup rows as chosen, the rest plain), both priced by the step cost.
+        Non-anticipating: everything here is known before any draft of this round is sampled.
+        ``wants`` [R] bool (optional): rows that may use the drafter at all."""
+        lookup_survival = prefix_survival(np.clip(np.asarray(lookup_confidences, dtype=np.float64), 0.0, 1.0))
+        num_rows = lookup_survival.shape[0]
+        expected_lookup = lookup_survival.sum(axis=1) if lookup_survival.size else np.zeros(num_rows)
+        if not drafter_available or not num_rows:
+            return expected_lookup > 0, False
+        if self.mean_survival is None:  # the drafter's acceptance is unknown: draft, and learn it
+            return np.zeros(num_rows, dtype=bool), True
+        drafter_survival = self.mean_survival
+        use_lookup = expected_lookup > drafter_survival.sum()
+        if wants is not None:
+            use_lookup |= ~np.asarray(wants, dtype=bool)
+        if use_lookup.all():
+            return use_lookup, False
+        if not _is_step_cost(cost):
+            return use_lookup, True
+        if self._skipped_in_a_row >= self.probe_interval:  # refresh the drafter's estimate now and then
+            self._skipped_in_a_row = 0
+            return use_lookup, True
+        width = max(lookup_survival.shape[1], drafter_survival.size)
+        without = np.zeros((num_rows, width))
+        without[:, : lookup_survival.shape[1]] = lookup_survival * use_lookup[:, None]
+        with_drafter = without.copy()
+        with_drafter[~use_lookup, : drafter_survival.size] = drafter_survival
+        gamma = min(width, cost.max_width - 1)
+        theta_without = padded_width_path(without[:, :gamma], cost, drafted=False) / self._time_ratio[False]
+        theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True) / self._time_ratio[True]
+        pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
+        self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
+        return use_lookup, pays
+
+    def refine_sources(self, drafter_confidences: np.ndarray, lookup_confidences: np.ndarray, use_lookup: np.ndarray,
+                       switchable: np.ndarray) -> np.ndarray:
+        """After drafting: rows in ``switchable`` (greedy rows, where any proposal is verified exactly) take the
+        proposal with the larger expected acceptance this round. Sampled rows keep the choice made before their
+        drafts were drawn (choosing after would select on the drafts: not lossless)."""
+        drafter = prefix_survival(self.calibrated(np.clip(np.asarray(drafter_confidences, np.float64), 0, 1)))
+        lookup = prefix_survival(np.clip(np.asarray(lookup_confidences, np.float64), 0, 1))
+        better = lookup.sum(axis=1) > drafter.sum(axis=1)
+        return np.where(np.asarray(switchable, dtype=bool), better, use_lookup)
 
     def calibration_factors(self, gamma: int) -> np.ndarray:
         """Per-position multiplier of the confidences: (realised + prior) / (predicted + prior); 1 without data."""

@@ -25,6 +25,11 @@ def setup():
     return target, draft, prompt
 
 
+# Every round proposes the whole block (the threshold policy at 0): these tests check verification, so they must
+# not depend on whether the default cost-aware scheduler finds drafting worth it for 500 rows of a tiny model.
+FULL_BLOCK = {"dspark_confidence_threshold": 0.0}
+
+
 def sample_tokens(target, prompt, seed, **kwargs) -> torch.Tensor:
     torch.manual_seed(seed)
     batches = [target.generate(prompt.expand(ROWS, -1), do_sample=True, temperature=0.9, top_k=10,
@@ -46,7 +51,7 @@ def per_position_pvalues(a: torch.Tensor, b: torch.Tensor) -> list[float]:
 def test_sampling_preserves_target_distribution(setup):
     target, draft, prompt = setup
     plain = sample_tokens(target, prompt, seed=0)
-    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft, **FULL_BLOCK)
     assert draft.stats.accepted_tokens > 0 and draft.stats.accepted_tokens < draft.stats.proposed_tokens
     pvalues = per_position_pvalues(plain, ours)
     assert min(pvalues) > 1e-3, pvalues
@@ -63,7 +68,7 @@ def test_chi2_catches_a_wrong_q(setup, monkeypatch):
 
     monkeypatch.setattr(generate_module, "verify", verify_with_wrong_q)
     plain = sample_tokens(target, prompt, seed=0)
-    wrong = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    wrong = sample_tokens(target, prompt, seed=1, assistant_model=draft, **FULL_BLOCK)
     assert min(per_position_pvalues(plain, wrong)) < 1e-6
 
 
@@ -74,7 +79,7 @@ def test_sampling_with_a_reduced_draft_vocabulary_preserves_target_distribution(
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8,
                                          draft_vocab=list(range(0, VOCAB, 2))).eval()
     plain = sample_tokens(target, prompt, seed=0)
-    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft)
+    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft, **FULL_BLOCK)
     assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
     assert (ours % 2 == 1).any()  # tokens outside the draft vocabulary do get generated
     assert min(per_position_pvalues(plain, ours)) > 1e-3

@@ -1,0 +1,90 @@
+"""What ``generate`` remembers across calls on one target: the verify policy's learned acceptance and step-time
+corrections, the measured step cost, the lookup calibrator and the lookup history.
+
+Why: an agent loop is many short ``generate`` calls; a policy that forgot everything at every call would spend its
+first rounds of each one relearning what the drafter accepts, and the step cost would be read from disk (and
+spot-checked with a forward) every time. Everything here is per target object (a weak reference: it goes with the
+target), bounded, and cleared by ``hf_dspark.disable(target)`` / :func:`forget`. The lookup history is shared
+only by calls with the same key (target, tokenizer, the caller's ``dspark_lookup_scope``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from ..scheduling.policies import ScheduledPolicy
+from .lookup import LookupHistory
+from .lookup_calibration import LookupCalibrator
+
+logger = logging.getLogger(__name__)
+
+#: Lookup proposals per round: the block for short matches, up to this many for a copy in progress.
+LONG_MATCH_TOKENS = 16
+#: Tokens of earlier generations a target's lookup history keeps (all scopes together).
+HISTORY_TOKENS = 65_536
+
+
+@dataclass
+class SpeculationMemory:
+    """One target's state across ``generate`` calls (policies per drafter; lookup state per target)."""
+
+    history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
+    calibrator: LookupCalibrator = field(default_factory=LookupCalibrator)
+    policies: dict = field(default_factory=dict)  # drafter token -> ScheduledPolicy
+    costs: dict = field(default_factory=dict)  # (drafter token, rows, width) -> StepCostProfile
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def policy_for(self, drafter) -> ScheduledPolicy:
+        with self.lock:
+            return self.policies.setdefault(_token(drafter), ScheduledPolicy())
+
+    def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
+        """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and
+        size; on disk across processes, see ``scheduling.step_cost.profile_step_cost``)."""
+        from ..scheduling.step_cost import profile_step_cost
+
+        rows = 1 << max(rows - 1, 0).bit_length()  # powers of two: batches of 3 and 4 share a profile
+        key = (_token(drafter), rows, width)
+        with self.lock:
+            cost = self.costs.get(key)
+        if cost is None:
+            cost = profile_step_cost(target, drafter, max_rows=rows, max_width=width, cache_dir=cache_dir)
+            with self.lock:
+                self.costs[key] = cost
+        return cost
+
+
+_MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+_COUNTER = itertools.count(1)
+
+
+def memory_for(target) -> SpeculationMemory:
+    with _LOCK:
+        memory = _MEMORIES.get(target)
+        if memory is None:
+            memory = _MEMORIES[target] = SpeculationMemory()
+        return memory
+
+
+def forget(target) -> None:
+    """Drop everything remembered for ``target`` (its lookup history included)."""
+    with _LOCK:
+        _MEMORIES.pop(target, None)
+
+
+def _token(obj) -> int:
+    """A per-process number for an object (not ``id()``: a later object at the same address gets a new one)."""
+    with _LOCK:
+        token = _TOKENS.get(obj)
+        if token is None:
+            token = _TOKENS[obj] = next(_COUNTER)
+        return token
+
+
+__all__ = ["HISTORY_TOKENS", "LONG_MATCH_TOKENS", "SpeculationMemory", "forget", "memory_for"]
