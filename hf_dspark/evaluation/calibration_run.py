@@ -93,6 +93,16 @@ def _overlap_guard(eval_dir: str | os.PathLike | None) -> EvalOverlapGuard | Non
     return EvalOverlapGuard.from_dir(directory)
 
 
+def load_rounds_for(drafter, path: str | os.PathLike) -> RoundTrace:
+    """The rounds an earlier run recorded (``calibration_rounds.npz``), refused unless ``drafter`` could have
+    recorded them: a refit reuses their raw confidence logits, which only that drafter produces."""
+    trace = RoundTrace.load(path)
+    if trace.block_size != drafter.config.block_size:
+        raise ValueError(f"{path} holds rounds of block size {trace.block_size}, the drafter drafts "
+                         f"{drafter.config.block_size}: they were not recorded with this drafter")
+    return trace
+
+
 def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | None = None,
                    num_prompts: int | None = None, offsets: bool = True, offset_grid=None) -> CalibrationRun:
     """STS on recorded rounds (the offline half of :func:`calibrate`); ``offsets=False`` fits temperatures only."""

@@ -259,6 +259,17 @@ def drafter_label(drafter) -> str:
     return "DFlash" if getattr(drafter.config, "sequential_head", "none") == "none" else "DSpark"
 
 
+def label_drafters(drafters: Sequence, names: Sequence[str] | None = None) -> dict[str, object]:
+    """``{label: drafter}`` for :func:`evaluate`: ``names`` when given (one per drafter), else
+    :func:`drafter_label`; repeated labels (two DSpark drafters) get ``#1``, ``#2`` so results stay apart."""
+    labels = list(names) if names else [drafter_label(d) for d in drafters]
+    if len(labels) != len(drafters):
+        raise ValueError(f"{len(drafters)} drafters need {len(drafters)} names, got {len(labels)}: {labels}")
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}#{i + 1}" for i, label in enumerate(labels)]
+    return dict(zip(labels, drafters))
+
+
 def _named_drafters(drafter) -> dict[str, object]:
     if isinstance(drafter, Mapping):
         if not drafter:
