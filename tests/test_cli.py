@@ -10,10 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, make_tiny_llama, make_tiny_qwen3
+from conftest import make_tiny_llama, make_tiny_qwen3
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from hf_dspark import DSparkDraftModel, cli
 
@@ -92,27 +90,8 @@ def test_push_dry_run_writes_the_upload(qwen3_drafter_dir, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------------
-# generate on a tiny target saved with a tokenizer
+# generate on a tiny target saved with a tokenizer (conftest's tiny_target_dir)
 # -------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_target_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_target")
-    target = make_tiny_llama()
-    target.save_pretrained(path)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(1)
-    DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).save_pretrained(path / "drafter")
-    prompt = "w5 w17 w33 w8"
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                          pad_token_id=0)
-    return path, prompt, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
 @pytest.mark.parametrize("mode", [["--drafter", "{path}/drafter"], ["--no-draft"]], ids=["drafter", "plain"])
 def test_generate_prompt_streams_the_targets_greedy_text_and_reports_speed(tiny_target_dir, capsys, mode):
     path, prompt, expected = tiny_target_dir
