@@ -117,7 +117,8 @@ DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parent / "checkpoints" / "smollm2
 def load_default_drafter(target=None):
     """The DSpark drafter trained for SmolLM2-135M-Instruct that ships inside the package, bound to ``target``.
 
-    ``target`` defaults to :func:`load_default_target`'s model. Its model card (README.md in that folder) says how it was trained.
+    ``target`` defaults to :func:`load_default_target`'s model. Its model card (README.md in that folder) says how
+    it was trained.
     """
     from .modeling import DSparkDraftModel
 

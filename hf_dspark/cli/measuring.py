@@ -55,7 +55,8 @@ def add_calibrate(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-dir", default=None, help="evaluation prompts to refuse (default: $HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)")
+    p.add_argument("--eval-dir", default=None,
+                   help="evaluation prompts to refuse (default: $HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")

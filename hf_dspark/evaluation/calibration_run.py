@@ -78,7 +78,7 @@ def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Pr
     """The last ``num`` records of a prompt file (any format ``read_prompts`` accepts).
 
     The default calibration set is the tail of the regenerated training data: build the target cache from the
-    leading records only (``build_target_cache.py --limit``) so the tail stays unseen by the trainer."""
+    leading records only (``hf-dspark cache --limit``) so the tail stays unseen by the trainer."""
     prompts = read_prompts(path)
     return prompts[-num:] if num else prompts
 

@@ -171,7 +171,7 @@ def _result_row(name: str, base: str, runs: dict, temperature: float) -> dict:
 def results_table(results: list[dict]) -> str:
     """The markdown table ``hf-dspark bench`` prints."""
     lines = ["| T | config | tok/s | × baseline | × plain fp32 | τ | c_draft | v(γ) | τ/(c+v) | greedy identical |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---" * 10 + "|"]
     for r in results:
         fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else "–"  # noqa: E731
         same = {True: "yes", False: "NO", None: "–"}[r["identical_to_plain_greedy"]]

@@ -11,7 +11,7 @@ public path ``target.generate(..., assistant_model=draft)`` with a :class:`Round
 * ECE / AUC of the joint survival a_k per position, raw and with the drafter's STS calibration (Fig. 6);
 * wall-clock tok/s of plain ``target.generate`` vs speculative on the same prompts, batch by batch side by side.
 
-The library logs; the script (``scripts/eval_drafter.py``) prints.
+The library logs; the CLI (``hf-dspark eval``) prints.
 """
 
 from __future__ import annotations

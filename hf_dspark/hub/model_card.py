@@ -83,7 +83,7 @@ def summarize_training(cache_dir: str | os.PathLike | None = None, run_dir: str 
 
 def _last_metrics(path: Path) -> dict | None:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: pass the run directory train_drafter.py wrote (--out).")
+        raise FileNotFoundError(f"{path} does not exist: pass the run directory `hf-dspark train` wrote (--out).")
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     return json.loads(lines[-1]) if lines else None
 
