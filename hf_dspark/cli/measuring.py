@@ -198,6 +198,7 @@ def add_bench(sub) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from ..evaluation.benchmarks import default_eval_dir
     from ..evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
                                              heldout_prompts, results_table, run_generate_bench)
     from ..loading import load_drafter, load_target
@@ -220,7 +221,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps({
-        "drafter": drafter.source, "prompts": len(prompts), "prompt_source": args.prompts or args.eval_dir,
+        "drafter": drafter.source, "prompts": len(prompts),
+        "prompt_source": args.prompts or str(args.eval_dir or default_eval_dir()),
         "max_new_tokens": args.max_new_tokens, "threads": args.threads, "results": results}, indent=2))
     source = f"last {args.num_prompts} of {args.prompts}" if args.prompts else ", ".join(BENCHMARKS)
     print(f"drafter: {drafter.source}; {len(prompts)} prompts ({source}), {args.max_new_tokens} new tokens, "
