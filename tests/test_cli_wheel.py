@@ -52,6 +52,7 @@ def copy_checkout(dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv bin directory, environment, working directory outside the repository)."""
+    pytest.importorskip("setuptools", reason="building the wheel offline (--no-build-isolation) needs setuptools")
     work = tmp_path_factory.mktemp("wheel")
     src = copy_checkout(work / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
