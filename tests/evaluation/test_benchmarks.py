@@ -65,3 +65,24 @@ def test_encode_chat_prompt_has_the_generation_prompt_and_no_extra_specials():
 def test_left_pad():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_eval_dir_resolution_env_first_then_checkout_then_working_directory(tmp_path, monkeypatch):
+    from hf_dspark.evaluation.benchmarks import EVAL_DIR_ENV, benchmark_path, eval_dir_candidates
+
+    monkeypatch.delenv(EVAL_DIR_ENV, raising=False)
+    work = tmp_path / "repo"
+    (tmp_path / "shared" / "eval_datasets").mkdir(parents=True)
+    work.mkdir()
+    monkeypatch.chdir(work)
+    candidates = eval_dir_candidates()
+    assert candidates[-1] == tmp_path / "shared" / "eval_datasets"  # a wheel run from inside a checkout finds it
+    if not any(c.is_dir() for c in candidates[:-1]):
+        assert default_eval_dir() == candidates[-1]
+    monkeypatch.setenv(EVAL_DIR_ENV, str(tmp_path / "mine"))  # set: used, even when missing (reported, not replaced)
+    assert default_eval_dir() == tmp_path / "mine" and eval_dir_candidates()[0] == tmp_path / "mine"
+    with pytest.raises(FileNotFoundError, match=rf"gsm8k.jsonl not found \(looked in {tmp_path / 'mine'}.*"
+                                                rf"\${EVAL_DIR_ENV}"):
+        benchmark_path("gsm8k")
+    with pytest.raises(FileNotFoundError, match="looked in /nowhere\\)"):
+        load_benchmark("gsm8k", eval_dir="/nowhere")

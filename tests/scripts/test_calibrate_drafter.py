@@ -1,4 +1,5 @@
-"""calibrate_drafter.py --rounds: refit STS (with offsets by default) from recorded rounds, without generating."""
+"""calibrate_drafter.py (= ``hf-dspark calibrate``) --rounds: refit STS (with offsets by default) from recorded
+rounds, without generating."""
 
 from __future__ import annotations
 
@@ -50,10 +51,21 @@ def test_refit_from_rounds_writes_offsets(script, tmp_path, tiny_target, tiny_dr
     assert float(loaded.confidence_from_logits(z)[0, 0]) < 0.3  # σ(0 / T + b) with b ≈ −2
 
 
-def test_rounds_of_another_block_size_are_refused(script, tmp_path, tiny_target, tiny_drafter):
+def test_rounds_of_another_block_size_are_refused(script, tmp_path, tiny_target, tiny_drafter, capsys):
     tiny_target.save_pretrained(tmp_path / "target")
     tiny_drafter.save_pretrained(tmp_path / "drafter")
     rounds = shifted_trace(num_rounds=50, gamma=3).save(tmp_path / "rounds.npz")
-    with pytest.raises(SystemExit, match="block size 3"):
+    with pytest.raises(SystemExit) as exit_:  # a user error: one line on stderr, exit code 2
         script.main(["--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--rounds", str(rounds),
                      "--target", str(tmp_path / "target"), "--no-plots"])
+    assert exit_.value.code == 2
+    assert "block size 3" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_refit_refuses_rounds_of_another_drafter(tiny_drafter, tmp_path):
+    from hf_dspark.evaluation.calibration_run import load_rounds_for
+
+    rounds = shifted_trace(num_rounds=50, gamma=3).save(tmp_path / "rounds.npz")
+    with pytest.raises(ValueError, match="holds rounds of block size 3, the drafter drafts 5"):
+        load_rounds_for(tiny_drafter, rounds)

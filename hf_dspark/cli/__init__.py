@@ -1,0 +1,85 @@
+"""``hf-dspark``: argument parsing and dispatch to the library; no logic of its own.
+
+    hf-dspark generate [--prompt TEXT]                  chat (streaming) with the embedded target, tok/s and τ
+    hf-dspark regenerate --out data/smollm2             the target answers prompts: the training data
+    hf-dspark cache --data data/smollm2/train.jsonl --out cache/smollm2     run the target once over it
+    hf-dspark train --data data/smollm2/train.jsonl --steps 2000            (cache, then) train a drafter
+    hf-dspark calibrate --drafter DIR --out DIR         STS-calibrate its confidence head on held-out prompts
+    hf-dspark eval --drafter DIR --out DIR              τ and speedup per benchmark
+    hf-dspark bench | serve-bench                       generate / continuous-batching speed, plain vs drafted
+    hf-dspark convert SRC DST --to speculators|native   export for vLLM, or import any published layout
+    hf-dspark convert --check SRC                         what SRC is and what loads / exports / is refused
+    hf-dspark push SRC org/name [--eval-results eval.json]          upload with a generated model card
+
+Every command runs from an installed package (nothing is read from a repository checkout); the benchmark prompts
+are found through $HF_DSPARK_EVAL_DIR or ../shared/eval_datasets. ``scripts/*.py`` call these same commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .chat import add_generate
+from .measuring import add_bench, add_calibrate, add_eval, add_serve_bench
+from .sharing import add_convert, add_push
+from .training import add_cache, add_regenerate, add_train
+
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="hf-dspark", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hf-dspark {__version__}")
+    parser.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                        help="logging level (default: each command's own, e.g. info for train)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (add_generate, add_regenerate, add_cache, add_train, add_calibrate, add_eval, add_bench,
+                add_serve_bench, add_convert, add_push):
+        add(sub)
+    return parser
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Mistakes a user fixes by changing the command (a bad path, a drafter for another target, a refused export,
+    missing benchmark prompts): reported as one line, exit code 2. Anything else is a bug and keeps its traceback."""
+    from ..hub.export import SpeculatorsExportError
+    from ..loading import ModelLoadError
+    from ..modeling.dialects import CheckpointError
+
+    return ModelLoadError, CheckpointError, SpeculatorsExportError, FileNotFoundError, NotADirectoryError
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    level = args.log_level or getattr(args, "default_log_level", None)
+    if level:
+        logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    if getattr(args, "quiet_generate_summaries", False) and not args.log_level:
+        # one DSparkStats summary per generate call would flood the log; the results carry the same numbers
+        logging.getLogger("hf_dspark").addFilter(lambda record: record.levelno > logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    _configure_logging(args)
+    try:
+        return int(args.func(args) or 0)
+    except user_errors() as err:
+        message = " ".join(str(err).split())  # one line, whatever the library wrote
+        parser.exit(EXIT_USER_ERROR, f"hf-dspark {args.command}: error: {message}\n")
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser", "main", "user_errors"]

@@ -1,0 +1,181 @@
+"""Batch-1 ``generate`` speed with and without a drafter (``hf-dspark bench``, the README's main job).
+
+Every configuration runs on the same prompts, interleaved prompt by prompt (round robin) so the noise of a shared
+machine hits all of them alike; results are ratios to plain ``generate`` measured in the same run. Greedy
+speculative outputs are checked token for token against plain greedy of the same model. Configurations: plain
+fp32, plain fp32 with oneDNN-prepacked linears (``cpu_kernels``), prompt lookup, hf-dspark on both, and optional
+threshold / fixed-γ variants, a second drafter to compare, a DFlash drafter and a bf16 target.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..cpu_kernels import prepack_linears
+from ..training.prompts import read_prompts
+from .benchmarks import benchmark_path
+
+BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
+PLAIN = "plain fp32"
+PLAIN_PACKED = "plain fp32 prepacked"
+
+
+@dataclass
+class GenerateBenchSettings:
+    """What to run beside the default configurations, and how long. ``thresholds`` / ``num_tokens`` add prepacked
+    hf-dspark runs with ``dspark_confidence_threshold`` / ``dspark_num_tokens`` set; ``unpacked_thresholds`` the
+    same on the stock fp32 target; ``compare_thresholds`` apply to the comparison drafter."""
+
+    max_new_tokens: int = 128
+    temperatures: Sequence[float] = (0.0, 1.0)
+    seed: int = 0
+    skip_bf16: bool = False
+    prepacked_only: bool = False
+    thresholds: Sequence[float] = ()
+    unpacked_thresholds: Sequence[float] = ()
+    num_tokens: Sequence[int] = ()
+    compare_thresholds: Sequence[float] = ()
+
+
+def benchmark_prompts(eval_dir: str | Path | None, per_benchmark: int, seed: int) -> list[tuple[str, str]]:
+    """(benchmark, first turn): ``per_benchmark`` prompts of each of :data:`BENCHMARKS`, shuffled with ``seed``."""
+    prompts = []
+    for name in BENCHMARKS:
+        rows = read_prompts(benchmark_path(name, eval_dir))
+        random.Random(seed).shuffle(rows)
+        prompts += [(name, p.first_turn) for p in rows[:per_benchmark]]
+    return prompts
+
+
+def heldout_prompts(path: str | Path, num: int) -> list[tuple[str, str]]:
+    """The last ``num`` records of a training-data jsonl: the held-out conversations, for choosing settings
+    (e.g. the confidence threshold) on data the benchmarks do not contain."""
+    return [(p.category or "heldout", p.first_turn) for p in read_prompts(path)[-num:]]
+
+
+def prepacked_copy(drafter, packed_target):
+    """The drafter bound to the prepacked target, its own linears prepacked too (the original stays as it is)."""
+    copy_ = type(drafter)(drafter.config).eval()  # the same class: a block drafter or an Eagle3 one
+    copy_.load_state_dict(drafter.state_dict())
+    return prepack_linears(copy_.bind_target(packed_target))
+
+
+def build_configs(target, drafter, settings: GenerateBenchSettings, *, compare=None, compare_name: str = "",
+                  dflash=None) -> dict[str, tuple[object, dict, str]]:
+    """name -> (model, extra generate kwargs, name of the baseline its speed is divided by)."""
+    packed = prepack_linears(copy.deepcopy(target))
+    packed_drafter = prepacked_copy(drafter, packed)
+    configs = {
+        PLAIN: (target, {}, PLAIN),
+        PLAIN_PACKED: (packed, {}, PLAIN),
+        "prompt lookup fp32": (target, {"prompt_lookup_num_tokens": 10}, PLAIN),
+        "hf-dspark fp32": (target, {"assistant_model": drafter}, PLAIN),
+        "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, PLAIN_PACKED),
+    }
+    if settings.prepacked_only:
+        configs = {name: config for name, config in configs.items() if "prepacked" in name}
+    for threshold in settings.thresholds:
+        configs[f"hf-dspark fp32 prepacked, threshold {threshold:g}"] = (
+            packed, {"assistant_model": packed_drafter, "dspark_confidence_threshold": threshold}, PLAIN_PACKED)
+    for threshold in settings.unpacked_thresholds:
+        configs[f"hf-dspark fp32, threshold {threshold:g}"] = (
+            target, {"assistant_model": drafter, "dspark_confidence_threshold": threshold}, PLAIN)
+    for num in settings.num_tokens:
+        configs[f"hf-dspark fp32 prepacked, γ={num}"] = (
+            packed, {"assistant_model": packed_drafter, "dspark_num_tokens": num}, PLAIN_PACKED)
+    if compare is not None:
+        other = prepacked_copy(compare, packed)
+        configs[f"compare {compare_name}, threshold {other.config.confidence_threshold:g}"] = (
+            packed, {"assistant_model": other}, PLAIN_PACKED)
+        for threshold in settings.compare_thresholds:
+            configs[f"compare {compare_name}, threshold {threshold:g}"] = (
+                packed, {"assistant_model": other, "dspark_confidence_threshold": threshold}, PLAIN_PACKED)
+    if not settings.prepacked_only:
+        if not settings.skip_bf16:
+            configs["plain bf16"] = (copy.deepcopy(target).to(torch.bfloat16), {}, "plain bf16")
+        if dflash is not None:
+            configs["hf-dflash fp32"] = (target, {"assistant_model": dflash}, PLAIN)
+    return configs
+
+
+def _timed_generate(model, ids, **kwargs):
+    start = time.perf_counter()
+    out = model.generate(ids, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def run_generate_bench(tokenizer, configs: dict[str, tuple[object, dict, str]], prompts: list[tuple[str, str]],
+                       settings: GenerateBenchSettings) -> list[dict]:
+    """One result row per (temperature, configuration): tok/s, ratios, greedy identity, τ and the cost split."""
+    results = []
+    for temperature in settings.temperatures:
+        sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
+        runs = {name: {"seconds": [], "tokens": [], "stats": [], "identical": True} for name in configs}
+        for _, text in prompts:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"]
+            reference = {}
+            for name, (model, extra, _) in configs.items():
+                if temperature > 0 and "prompt_lookup_num_tokens" in extra:
+                    continue
+                torch.manual_seed(settings.seed)
+                out, seconds = _timed_generate(model, ids, max_new_tokens=settings.max_new_tokens, **sampling,
+                                               **extra)
+                new = out[0, ids.shape[1]:]
+                run = runs[name]
+                run["seconds"].append(seconds)
+                run["tokens"].append(len(new))
+                drafter = extra.get("assistant_model")
+                if drafter is not None and hasattr(drafter, "stats"):
+                    run["stats"].append(drafter.stats)
+                if temperature == 0:
+                    reference.setdefault(id(model), new)
+                    run["identical"] &= torch.equal(reference[id(model)], new)
+        results += [_result_row(name, base, runs, temperature) for name, (_, _, base) in configs.items()
+                    if runs[name]["seconds"]]
+    return results
+
+
+def _tokens_per_second(run: dict) -> float:
+    return sum(run["tokens"]) / sum(run["seconds"])
+
+
+def _result_row(name: str, base: str, runs: dict, temperature: float) -> dict:
+    run = runs[name]
+    base = base if runs.get(base, {}).get("seconds") else name  # its baseline was filtered out (--prepacked-only)
+    tps, base_tps = _tokens_per_second(run), _tokens_per_second(runs[base])
+    plain = runs.get(PLAIN)
+    plain_tps = _tokens_per_second(plain) if plain and plain["seconds"] else None
+    row = {"temperature": temperature, "config": name, "tok_s": tps, "ratio_vs_baseline": tps / base_tps,
+           "baseline": base, "ratio_vs_plain_fp32": tps / plain_tps if plain_tps else None,
+           "identical_to_plain_greedy": run["identical"] if temperature == 0 else None}
+    if run["stats"]:
+        merged = run["stats"][0]
+        for stats in run["stats"][1:]:
+            merged = merged.merge(stats)
+        per_token = sum(runs[base]["seconds"]) / sum(runs[base]["tokens"])  # baseline seconds per token
+        c_draft = merged.draft_seconds / merged.rounds / per_token
+        v_gamma = merged.verify_seconds / merged.rounds / per_token
+        row.update(tau=merged.tau, c_draft=c_draft, v_gamma=v_gamma, bound_speedup=merged.tau / (c_draft + v_gamma),
+                   conditional_acceptance=merged.conditional_acceptance)
+    return row
+
+
+def results_table(results: list[dict]) -> str:
+    """The markdown table ``hf-dspark bench`` prints."""
+    lines = ["| T | config | tok/s | × baseline | × plain fp32 | τ | c_draft | v(γ) | τ/(c+v) | greedy identical |",
+             "|---" * 10 + "|"]
+    for r in results:
+        fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else "–"  # noqa: E731
+        same = {True: "yes", False: "NO", None: "–"}[r["identical_to_plain_greedy"]]
+        lines.append(f"| {r['temperature']:g} | {r['config']} | {r['tok_s']:.1f} | {r['ratio_vs_baseline']:.2f} "
+                     f"({r['baseline']}) | {fmt('ratio_vs_plain_fp32')} | {fmt('tau')} | {fmt('c_draft')} | "
+                     f"{fmt('v_gamma')} | {fmt('bound_speedup')} | {same} |")
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Serving benchmark (paper Figs. 7-8, ``hf-dspark serve-bench``): DSparkEngine throughput vs per-user speed under
+closed-loop load.
+
+For each concurrency C, every policy serves the same request stream with C requests always in flight (a finished
+request is replaced at once): engine throughput (generated tok/s over the run), per-user tok/s (each request's
+decoding speed after its first token, averaged), TTFT, mean verify budget (drafts verified per request per step),
+τ and wasted verify tokens. Policies are interleaved within each concurrency level, their order rotated each
+repeat, so the noise of a shared machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..serving import DSparkEngine
+from ..training.prompts import read_prompts
+from .benchmarks import benchmark_path
+
+BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
+DEFAULT_POLICIES = "none,fixed1,fixed3,fixed7,threshold,scheduled"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServingBenchSettings:
+    """The load to apply: requests per level = max(``min_requests``, ``requests_factor`` × C)."""
+
+    levels: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
+    policies: Sequence[str] = tuple(DEFAULT_POLICIES.split(","))
+    threshold: float = 0.5
+    max_new_tokens: int = 128
+    requests_factor: float = 2.0
+    min_requests: int = 8
+    temperature: float = 0.0
+    repeats: int = 1
+    max_prefill_tokens: int = 2048
+
+
+def parse_policy(label: str, threshold: float) -> tuple[str, dict]:
+    """"none", "fixedN" (verify N drafts), "fixed" (all), "threshold", "scheduled", "scheduled-async"."""
+    match = re.fullmatch(r"fixed(\d+)", label)
+    if match:
+        return "fixed", {"num_tokens": int(match.group(1))}
+    if label == "threshold":
+        return "threshold", {"threshold": threshold}
+    return label, {}
+
+
+def serving_prompts(tokenizer, eval_dir, per_benchmark: int, max_prompts: int | None,
+                    max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """First turns, chat-templated, interleaved across benchmarks (gsm8k, humaneval, mt-bench, gsm8k, ...)."""
+    per_name = {}
+    for name in BENCHMARKS:
+        rows = []
+        for prompt in read_prompts(benchmark_path(name, eval_dir)):
+            encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt.first_turn}],
+                                                    add_generation_prompt=True, tokenize=True)
+            ids = list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+            if len(ids) <= max_prompt_tokens:
+                rows.append((name, ids))
+            if len(rows) == per_benchmark:
+                break
+        per_name[name] = rows
+    mixed = [row for group in zip(*per_name.values()) for row in group]
+    return mixed[:max_prompts] if max_prompts else mixed
+
+
+def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int, num_requests: int,
+              max_new_tokens: int, sampling: dict) -> dict:
+    """Closed loop: keep ``concurrency`` requests in flight until ``num_requests`` have been served."""
+    inflight, outputs, submitted = [], [], 0
+    start = time.perf_counter()
+    while submitted < num_requests or inflight:
+        while len(inflight) < concurrency and submitted < num_requests:
+            name, ids = prompts[submitted % len(prompts)]
+            inflight.append((submitted, name, engine.submit(ids, max_new_tokens, **sampling)))
+            submitted += 1
+        engine.step()
+        still = []
+        for index, name, handle in inflight:
+            if handle.done():
+                outputs.append((index, name, handle.result()))
+            else:
+                still.append((index, name, handle))
+        inflight = still
+    wall = time.perf_counter() - start
+    m = engine.metrics()
+    tokens = sum(len(out.token_ids) for _, _, out in outputs)
+    per_user = [out.metrics["tokens_per_second"] for _, _, out in outputs if out.metrics["tokens_per_second"]]
+    ttft = [out.metrics["ttft_s"] for _, _, out in outputs if out.metrics["ttft_s"] is not None]
+    return {
+        "concurrency": concurrency, "num_requests": len(outputs), "generated_tokens": tokens, "wall_s": wall,
+        "throughput": tokens / wall, "per_user_tps": sum(per_user) / len(per_user) if per_user else None,
+        "mean_ttft_s": sum(ttft) / len(ttft) if ttft else None, "mean_verify_budget": m["mean_verify_budget"],
+        "mean_verify_tokens": m["mean_verify_tokens"], "mean_batch_size": m["mean_batch_size"], "tau": m["tau"],
+        "acceptance_rate": m["acceptance_rate"], "wasted_verify_tokens": m["wasted_verify_tokens"],
+        "padding_tokens": m["padding_tokens"], "draft_s": m["draft_s"], "verify_s": m["verify_s"],
+        "prefill_s": m["prefill_s"], "compactions": m["compactions"], "decode_steps": m["decode_steps"],
+        "skipped_draft_steps": m["skipped_draft_steps"],
+        "outputs": {index: out.token_ids for index, _, out in outputs},
+    }
+
+
+def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[int]]], sps,
+                      settings: ServingBenchSettings) -> list[dict]:
+    """Every (concurrency, repeat, policy) cell on the same request stream; one record per cell. Greedy runs also
+    record how often the batched outputs equal the first policy's (``greedy_agreement``)."""
+    slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + drafter.config.block_size + 1
+    sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {}
+    policies = list(settings.policies)
+    results = []
+    for concurrency in settings.levels:
+        num_requests = max(settings.min_requests, round(settings.requests_factor * concurrency))
+        reference = None
+        for repeat in range(settings.repeats):
+            shift = repeat % len(policies)  # no policy always runs first (or right after a warm cache)
+            for label in policies[shift:] + policies[:shift]:
+                name, kwargs = parse_policy(label, settings.threshold)
+                engine = DSparkEngine(target, drafter if name != "none" else None, name, policy_kwargs=kwargs,
+                                      sps=sps, max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
+                                      max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer)
+                record = run_level(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
+                outputs = record.pop("outputs")
+                if reference is None:
+                    reference = outputs
+                elif not sampling:
+                    record["greedy_agreement"] = sum(outputs[i] == reference[i] for i in reference) / len(reference)
+                record["policy"], record["repeat"] = label, repeat
+                results.append(record)
+                logger.info("C=%3d %16s #%d: %7.1f tok/s, per-user %6.1f tok/s, verify budget %.2f, tau %.2f, "
+                            "TTFT %.2fs", concurrency, label, repeat, record["throughput"],
+                            record["per_user_tps"] or 0, record["mean_verify_budget"], record["tau"],
+                            record["mean_ttft_s"] or 0)
+    return results
+
+
+def median_over_repeats(results: list[dict]) -> list[dict]:
+    """One record per (concurrency, policy): the median of every numeric field over the repeats (the machine is
+    shared; a single run per cell is too noisy to rank policies that differ by a few percent)."""
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for record in results:
+        groups.setdefault((record["concurrency"], record["policy"]), []).append(record)
+    summary = []
+    for (concurrency, policy), records in groups.items():
+        merged = {"concurrency": concurrency, "policy": policy, "repeats": len(records)}
+        for key, value in records[0].items():
+            values = [r.get(key) for r in records]
+            if key not in merged and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                merged[key] = statistics.median(values)
+        merged["throughput_runs"] = [r["throughput"] for r in records]
+        summary.append(merged)
+    return summary
+
+
+def summary_table(summary: list[dict], policies: Sequence[str], levels: Sequence[int]) -> str:
+    """Median throughput (per-user tok/s) per concurrency and policy, as ``hf-dspark serve-bench`` prints it."""
+    by_cell = {(r["concurrency"], r["policy"]): r for r in summary}
+    lines = ["median throughput tok/s (per-user tok/s) over repeats",
+             "C    | " + " | ".join(f"{p:>16s}" for p in policies)]
+    for concurrency in levels:
+        cells = []
+        for policy in policies:
+            r = by_cell.get((concurrency, policy))
+            cells.append(f"{r['throughput']:7.1f} ({r['per_user_tps'] or 0:5.1f})" if r else " " * 16)
+        lines.append(f"{concurrency:<4d} | " + " | ".join(f"{c:>16s}" for c in cells))
+    return "\n".join(lines)

