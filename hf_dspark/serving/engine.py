@@ -35,6 +35,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..generation.lookup import LookupHistory, LookupHistoryKey, LookupProposer
+from ..generation.lookup_calibration import LookupCalibrator
+from ..generation.memory import LONG_MATCH_TOKENS
 from ..generation.speculative_round import SpeculativeRound, prefill
 from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
@@ -101,6 +104,12 @@ class DSparkEngine:
         tokenizer: needed for text / chat prompts and for ``RequestOutput.text``.
         max_hole_fraction (`float`, defaults to 0.5): compact the batch cache when more of its columns are holes.
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
+        lookup (`bool`, defaults to True): offer training-free lookup proposals (drafts copied from each request's
+            own prompt and output, and from earlier requests of the same ``SamplingParams.lookup_scope``) to a
+            policy that can weigh them (``scheduled``); with ``draft=None`` the engine serves lookup only.
+        lookup_history_tokens (`int`, defaults to 65536): tokens of finished requests kept for lookup (all scopes
+            together; 0 = none). Requests without a scope never read or write it: acceptance timing can reveal
+            another user's text, so give each user / tenant its own scope.
     """
 
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
@@ -111,15 +120,19 @@ class DSparkEngine:
                  max_request_tokens: int | None = None, max_prefill_tokens: int = 1024,
                  sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
-                 log_interval_s: float = 30.0):
+                 log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536):
         raise_if_unsupported_target(target, "DSparkEngine")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
         block_size = draft.config.block_size if draft is not None else 0
         self.draft_width = self.policy.max_drafts(block_size) if draft is not None else 0
-        if draft is None and self.policy.max_drafts(1):
+        # lookup proposals: up to the block for short matches, LONG_MATCH_TOKENS for a copy in progress
+        self.lookup_width = LONG_MATCH_TOKENS if lookup and self.policy.supports_lookup else 0
+        self.max_proposal = max(self.draft_width, self.lookup_width)  # drafts one row may verify in a round
+        if draft is None and self.policy.max_drafts(1) and not self.lookup_width:
             raise ValueError(f"verify policy {self.policy.name or type(self.policy).__name__!r} needs a drafter: "
-                             "pass draft=DSparkDraftModel..., or use policy='none' for plain continuous batching.")
+                             "pass draft=DSparkDraftModel..., use policy='none' for plain continuous batching, or "
+                             "policy='scheduled' with lookup=True for lookup proposals only.")
         if draft is not None and not architecture_of(draft.config).servable:
             raise ValueError(f"DSparkEngine cannot serve a {draft.config.drafter_architecture!r} drafter; run it "
                              "through target.generate(..., assistant_model=draft) instead.")
@@ -130,7 +143,7 @@ class DSparkEngine:
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_running_requests = int(max_running_requests)
         self.max_request_tokens = int(max_request_tokens if max_request_tokens is not None else
-                                      min(max_positions, max_batch_tokens - self.draft_width - 1))
+                                      min(max_positions, max_batch_tokens - self.max_proposal - 1))
         self.max_positions = int(max_positions)
         self.max_prefill_tokens = int(max_prefill_tokens)
         self.max_hole_fraction = float(max_hole_fraction)
@@ -140,9 +153,13 @@ class DSparkEngine:
         self._sps_source, self._sps, self._step_cost, self.sps_cache_dir = sps, None, None, sps_cache_dir
         # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model (and
         # in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
+        self._lookup = (LookupProposer(LookupHistory(max_tokens=lookup_history_tokens), None,
+                                       max_tokens=max(block_size, 8), long_match_tokens=LONG_MATCH_TOKENS)
+                        if self.lookup_width else None)
         self._round = SpeculativeRound(target, draft if self.draft_width else None, self.policy,
                                        cost=lambda: self.step_cost, observe_time=sps is None,
-                                       max_deferred_rounds=self.max_deferred_steps)
+                                       max_deferred_rounds=self.max_deferred_steps, lookup=self._lookup,
+                                       calibrator=LookupCalibrator() if self._lookup is not None else None)
         self._batch = RunningBatch(target.config, self.device)
         self._request_ids: set[str] = set()  # ids of requests not yet finished (duplicates are refused)
         self._incoming: deque[Request] = deque()
@@ -160,9 +177,9 @@ class DSparkEngine:
         for name in ("max_batch_tokens", "max_running_requests", "max_request_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DSparkEngine: {name} must be >= 1, got {getattr(self, name)}")
-        if self.max_request_tokens + self.draft_width + 1 > self.max_batch_tokens:
+        if self.max_request_tokens + self.max_proposal + 1 > self.max_batch_tokens:
             raise ValueError(f"DSparkEngine: max_request_tokens={self.max_request_tokens} plus the verify overshoot "
-                             f"({self.draft_width + 1}) exceeds max_batch_tokens={self.max_batch_tokens}; raise "
+                             f"({self.max_proposal + 1}) exceeds max_batch_tokens={self.max_batch_tokens}; raise "
                              "max_batch_tokens or lower max_request_tokens.")
 
     # ------------------------------------------------------------------------------------------------------
@@ -173,7 +190,7 @@ class DSparkEngine:
         """Seconds of one decode step (drafter pass + padded verify); measured (or loaded from the disk cache)
         on first access unless the engine was given a profile or an SPS table."""
         if self._step_cost is None:
-            source, max_width = self._sps_source, 1 + max(self.draft_width, 1)
+            source, max_width = self._sps_source, 1 + max(self.max_proposal, 1)
             if isinstance(source, StepCostProfile):
                 self._step_cost = source
             elif source is not None:
@@ -207,7 +224,7 @@ class DSparkEngine:
     def submit(self, prompt: Prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                eos_token_id: int | Sequence[int] | None = None, request_id: str | None = None,
-               params: SamplingParams | None = None) -> RequestHandle:
+               lookup_scope: str | None = None, params: SamplingParams | None = None) -> RequestHandle:
         """Queue a request (token ids, text, or chat messages) and return its handle; thread-safe.
 
         Raises RequestRejectedError for a malformed request (ids that are not ints in the target's vocabulary, a
@@ -216,7 +233,8 @@ class DSparkEngine:
         try:
             if params is None:
                 params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                        top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id)
+                                        top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
+                                        lookup_scope=lookup_scope)
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
             eos = self._eos_ids(params.eos_token_id)
             self._raise_if_never_fits(ids, params)
@@ -251,7 +269,7 @@ class DSparkEngine:
 
     def _reservation(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         """Cache slots a request can occupy at most: prompt, generated tokens, and one round of overshoot."""
-        return num_prompt_tokens + params.max_new_tokens + self.draft_width + 1
+        return num_prompt_tokens + params.max_new_tokens + self.max_proposal + 1
 
     def _raise_if_never_fits(self, ids: list[int], params: SamplingParams) -> None:
         # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.
@@ -391,6 +409,11 @@ class DSparkEngine:
         self._batch.keep(keep)
 
     def _on_finished(self, request: Request) -> None:
+        if self._lookup is not None and getattr(request, "lookup_row", False):
+            # a completed request's text becomes lookup history for its scope (never a cancelled or failed one)
+            keep = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            self._lookup.end_row(request.request_id, keep_in_history=keep)
+            request.lookup_row = False
         with self._incoming_lock:
             self._request_ids.discard(request.request_id)
         self.engine_metrics.observe_finished(request.finish_reason.value, request.metrics())
@@ -537,6 +560,7 @@ class DSparkEngine:
                 self._on_finished(request)
             else:
                 keep.append((row, request, first))
+                self._start_lookup_row(request)
         mask = torch.ones(1, cache.get_seq_length(), dtype=torch.long, device=self.device) if mask is None else mask
         if len(keep) < len(requests) and keep:
             rows = [row for row, _, _ in keep]
@@ -545,6 +569,14 @@ class DSparkEngine:
             draft_cache = draft_cache.select_rows(rows) if draft_cache is not None else None
         return JoiningRows([r for _, r, _ in keep], cache, mask, draft_cache, [f for _, _, f in keep],
                            [r.num_prompt_tokens for _, r, _ in keep])
+
+    def _start_lookup_row(self, request: Request) -> None:
+        if self._lookup is None:
+            return
+        scope = request.params.lookup_scope
+        key = None if scope is None else LookupHistoryKey.for_model(self.target, self.tokenizer, scope)
+        self._lookup.start_row(request.request_id, request.prompt_ids + request.tokens, history_key=key)
+        request.lookup_row = True
 
     def _first_token(self, request: Request, logits: torch.Tensor) -> int:
         """The prompt's next token, exactly as plain ``generate`` picks it (processors, request's generator)."""
@@ -558,13 +590,14 @@ class DSparkEngine:
     def _decode(self, tap) -> None:
         batch, metrics = self._batch, self.engine_metrics
         slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)
-        if batch.compact_if_needed(1 + self.draft_width, slot_budget, self.max_hole_fraction):
+        if batch.compact_if_needed(1 + self.max_proposal, slot_budget, self.max_hole_fraction):
             metrics.compactions += 1
         processor = BatchLogitsProcessor(batch.requests)
         modes = [r.params.do_sample for r in batch.requests]
         do_sample = modes[0] if len(set(modes)) == 1 else modes
         result = self._round.run(batch, processor, [r.num_remaining for r in batch.requests], do_sample=do_sample,
-                                 generator=processor.generators, tap=tap, step=metrics.decode_steps)
+                                 generator=processor.generators, tap=tap, step=metrics.decode_steps,
+                                 row_ids=[r.request_id for r in batch.requests])
         if self.draft_width and result.block is None:
             metrics.skipped_draft_steps += 1  # drafting could not pay at this load: a plain step
         metrics.draft_seconds += result.draft_seconds
@@ -578,9 +611,11 @@ class DSparkEngine:
         for request, tokens in zip(self._batch.requests, result.tokens):
             committed.append(request.commit(tokens, now))
             request.num_rounds += 1
+            if self._lookup is not None:
+                self._lookup.commit(request.request_id, tokens[: committed[-1]])
         metrics = self.engine_metrics
         metrics.generated_tokens += sum(committed)
-        metrics.stats.observe_round(result.lengths, result.num_accepted, committed)
+        metrics.stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
         metrics.observe_decode_step(len(committed), result.width, result.lengths, result.num_accepted)
         logger.debug("step %d: R=%d, verify tokens B=%d (width %d), accepted %d, committed %d",
                      metrics.decode_steps, len(committed), len(committed) + sum(result.lengths), result.width,

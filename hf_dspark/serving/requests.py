@@ -93,6 +93,9 @@ class SamplingParams:
             distribution is unchanged, the exact sample is not.
         eos_token_id (`int | list[int]`, defaults to None = the target's generation config): stop tokens;
             an empty list never stops early.
+        lookup_scope (`str`, defaults to None): requests with the same scope share lookup history (drafts copied
+            from each other's earlier output: an agent's turns, one user's session); None = the request's own
+            prompt and output only. Never give two users one scope: acceptance timing can reveal the other's text.
     """
 
     max_new_tokens: int = 64
@@ -102,6 +105,7 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
+    lookup_scope: str | None = None
 
     def __post_init__(self):
         for name in ("max_new_tokens", "top_k", "seed"):
@@ -178,6 +182,7 @@ class Request:
         self.cancel_requested = False
         self.num_rounds = 0
         self.prefill = None  # the engine's prefill state while the prompt is being processed
+        self.lookup_row = False  # the engine's lookup proposer indexes this request
 
     @property
     def num_prompt_tokens(self) -> int:

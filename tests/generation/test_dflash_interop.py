@@ -116,8 +116,9 @@ def ours(target, draft, prompt: list[int]) -> tuple[list[int], list[list[int]]]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(draft, "draft_block", recording)
+        # every round drafts the whole block, without lookup proposals: what transformers' DFlash loop does
         out = target.generate(torch.tensor([prompt]), assistant_model=draft, do_sample=False,
-                              max_new_tokens=NEW_TOKENS)
+                              max_new_tokens=NEW_TOKENS, dspark_confidence_threshold=0.0)
     return out[0, len(prompt):].tolist(), proposals
 
 
