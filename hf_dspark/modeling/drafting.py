@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..sampling import sample_rows
 from .draft_cache import DraftCache
@@ -153,12 +154,14 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
         tokens[:] = best if model.draft_to_target is None else model.draft_to_target[best]
         parts = [(base_logits[:, k], None) for k in range(gamma)]
         drafted = gamma
+    # c_k = w·[h_k ; W1[x_{k-1}]] + b = (w_h·h_k + b) + w_e·W1[x_{k-1}]: the h part of every slot in one product
+    # before the loop (the same for the early-exit and the full-block path, so both score a slot identically)
+    score = _ConfidenceScore(model.confidence_head, hidden) if model.confidence_head is not None else None
+    embedding = head.markov_w1.weight if head is not None else None
     for k in range(drafted, gamma):
-        prev_emb = head.markov_w1(prev) if head is not None else None
-        # NOTE: c_k is computed slot by slot even without an early exit: a batched call rounds differently, and the
-        # early-exit and full-block paths must score every slot bit-identically (one threshold, one decision)
-        if model.confidence_head is not None:
-            conf_logits.append(model.confidence_head(hidden[:, k], prev_emb).float())
+        prev_emb = F.embedding(prev, embedding) if head is not None else None
+        if score is not None:
+            conf_logits.append(score(k, prev_emb))
         if early_exit:
             c_k = calibrated_confidence(model, conf_logits[-1][:, None], first_position=k, greedy=greedy)[:, 0]
             stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
@@ -200,6 +203,19 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
                       materialise_logits=materialise if fast_greedy else None)
 
 
+class _ConfidenceScore:
+    """Slot k's confidence logit from the precomputed h part plus the previous token's part."""
+
+    def __init__(self, confidence_head, hidden: torch.Tensor):
+        weight, bias = confidence_head.proj.weight, confidence_head.proj.bias  # [1, d + r], [1]
+        d = hidden.shape[-1]
+        self.hidden_part = (F.linear(hidden, weight[:, :d], bias)[..., 0]).float()  # [B, γ]
+        self.token_weight = weight[0, d:]  # [r]
+
+    def __call__(self, k: int, prev_emb: torch.Tensor) -> torch.Tensor:
+        return self.hidden_part[:, k] + (prev_emb @ self.token_weight).float()
+
+
 def _slot_logits(head, base: torch.Tensor, hidden: torch.Tensor, prev_emb, state, top_k: int):
     """Slot logits in the draft vocabulary: base U_k plus the sequential bias, on the base top-k support when
     ``top_k`` restricts it (q_k is then defined on that support: still lossless, it is the q we sample from).
@@ -210,7 +226,7 @@ def _slot_logits(head, base: torch.Tensor, hidden: torch.Tensor, prev_emb, state
     if top_k and top_k < base.shape[-1]:
         candidates = base.topk(top_k, dim=-1).indices
         return base.gather(-1, candidates) + head.bias(u, candidates).float(), candidates, state
-    return base + head.bias(u).float(), None, state
+    return base + F.linear(u, head.markov_w2.weight).float(), None, state
 
 
 __all__ = ["DraftBlock", "calibrated_confidence", "draft_block", "draw_draft_token"]

@@ -487,7 +487,9 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
     features = torch.randn(rows, context_len, draft.fc.in_features, generator=generator).to(
         device=device, dtype=draft.fc.weight.dtype)
     positions = torch.arange(context_len, device=device).expand(rows, -1)
-    cache = draft.extend_context(DraftCache(), features, positions)
+    # next_ids: what an autoregressive drafter pairs each position with (block drafters ignore them)
+    next_ids = torch.randint(0, draft.config.vocab_size, positions.shape, generator=generator).to(device)
+    cache = draft.extend_context(DraftCache(), features, positions, next_ids=next_ids)
     vocab = draft.config.vocab_size
     anchors = torch.randint(0, vocab, (rows,), generator=generator).to(device)
     anchor_positions = torch.full((rows,), context_len, device=device)
