@@ -79,7 +79,10 @@ def forget(target) -> None:
 
 
 def _token(obj) -> int:
-    """A per-process number for an object (not ``id()``: a later object at the same address gets a new one)."""
+    """A per-process number for an object (not ``id()``: a later object at the same address gets a new one);
+    0 for None (no drafter: lookup only)."""
+    if obj is None:
+        return 0
     with _LOCK:
         token = _TOKENS.get(obj)
         if token is None:

@@ -105,6 +105,15 @@ def test_the_real_matcher_proposes_on_repeating_text(target, draft):
     assert draft.stats.by_source["lookup"].accepted_tokens > 0
 
 
+def test_default_scheduler_measures_its_own_step_cost(target, draft):
+    """No dspark_step_cost: the step cost is profiled once per target and size (lookup-only: no drafter timing)."""
+    forget(target)
+    for lookup in ("only", True):
+        got = plain(target, PROMPT, do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_lookup=lookup)
+        assert torch.equal(got, plain(target, PROMPT, do_sample=False, max_new_tokens=12))
+    assert len(memory_for(target).costs) == 2  # one profile without the drafter, one with it
+
+
 def test_lookup_can_be_turned_off(target, draft):
     forget(target)
     plain(target, PROMPT, do_sample=False, max_new_tokens=20, assistant_model=draft, dspark_lookup=False,

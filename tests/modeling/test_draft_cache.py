@@ -1,0 +1,70 @@
+"""DraftCache: packed per-row appends hold only committed context, in preallocated storage that grows by doubling,
+and the drafter attends to it exactly as to the concatenated cache with holes."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_dspark.modeling.draft_cache import DraftCache
+
+
+def _rounds(drafter, rows: int, widths=(5, 3, 4, 2, 6), seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    size = drafter.config.hidden_size * len(drafter.config.target_layer_ids)
+    start, out = torch.zeros(rows, dtype=torch.long), []
+    for w in widths:
+        valid = torch.rand(rows, w, generator=g) > 0.4
+        valid[:, 0] = True
+        out.append((torch.randn(rows, w, size, generator=g), start[:, None] + torch.arange(w), valid))
+        start = start + w
+    return out, start
+
+
+@torch.no_grad()
+def test_packed_appends_attend_like_the_padded_cache(tiny_target, tiny_drafter):
+    rounds, next_pos = _rounds(tiny_drafter, rows=3)
+    padded, packed = DraftCache(), DraftCache()
+    for feats, pos, valid in rounds:
+        tiny_drafter.extend_context(padded, feats, pos, valid)
+        tiny_drafter.extend_context(packed, feats, pos, valid, packed=True, counts=valid.sum(1).tolist())
+    assert padded.num_slots == sum(f.shape[1] for f, _, _ in rounds)
+    assert packed.num_slots == int(torch.stack([v.sum(1) for _, _, v in rounds]).sum(0).max())  # no holes kept
+    assert bool(packed.valid.sum(1).eq(torch.tensor(packed.row_ends)).all())
+    anchors = torch.tensor([3, 7, 11])
+    torch.testing.assert_close(tiny_drafter.forward_block(packed, anchors, next_pos),
+                               tiny_drafter.forward_block(padded, anchors, next_pos), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_storage_grows_without_changing_the_content(tiny_drafter):
+    rounds, _ = _rounds(tiny_drafter, rows=2, widths=(3,) * 20)
+    cache = DraftCache()
+    capacities = set()
+    for feats, pos, valid in rounds:
+        tiny_drafter.extend_context(cache, feats, pos, valid, packed=True)
+        capacities.add(cache._valid.shape[1])
+    assert len(capacities) > 1  # it grew (by doubling), a few times, not once per round
+    assert len(capacities) <= 4
+    for row in range(2):
+        want = torch.cat([p[row][v[row]] for _, p, v in rounds])
+        assert torch.equal(cache.positions[row][cache.valid[row]], want)
+
+
+@torch.no_grad()
+def test_select_rows_keeps_each_rows_pointer(tiny_drafter):
+    rounds, _ = _rounds(tiny_drafter, rows=3)
+    cache = DraftCache()
+    for feats, pos, valid in rounds:
+        tiny_drafter.extend_context(cache, feats, pos, valid, packed=True)
+    kept = cache.select_rows([2, 0])
+    assert kept.row_ends == [cache.row_ends[2], cache.row_ends[0]]
+    assert torch.equal(kept.positions[0, : kept.row_ends[0]], cache.positions[2, : cache.row_ends[2]])
+
+
+def test_a_cache_from_given_tensors_keeps_them_untouched(tiny_drafter):
+    keys = [torch.zeros(1, 2, 3, 16)]
+    cache = DraftCache(keys, [torch.zeros(1, 2, 3, 16)], torch.ones(1, 3, dtype=torch.bool),
+                       torch.arange(3)[None])
+    cache.append([torch.ones(1, 2, 2, 16)], [torch.ones(1, 2, 2, 16)], torch.ones(1, 2, dtype=torch.bool),
+                 torch.arange(3, 5)[None], packed=True, counts=[2])
+    assert cache.num_slots == 5 and float(keys[0].sum()) == 0.0  # the caller's tensor was not written to
