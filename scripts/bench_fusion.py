@@ -1,0 +1,201 @@
+"""The lookup proposer fused with the drafter against its peers, side by side in one process (issue #16).
+
+Arms, every generation run by each of them in rotating order on the same input:
+
+    plain          target.generate (greedy or sampling)
+    prompt lookup  transformers' built-in prompt lookup (prompt_lookup_num_tokens=10)
+    lookup only    hf-dspark, lookup proposals only (dspark_lookup="only": the drafter never runs)
+    DSpark only    hf-dspark, drafter only (dspark_lookup=False), cost-aware scheduler
+    fused          hf-dspark default: lookup + drafter under the cost-aware scheduler
+
+Workloads: the benchmark prompts (gsm8k, math500, humaneval, mbpp, mt-bench turn 1, and mt-bench turn 2, which
+re-reads the turn-1 answer plain greedy wrote) and the multi-turn tool-calling agent loop of
+``bench_agent_loop.py`` (4 generations per user turn on the growing conversation; every arm continues on plain's
+reply, so all arms see identical histories). At T = 0 every output is checked token-identical to plain.
+
+    python scripts/bench_fusion.py --per-category 3 --max-new-tokens 96 --turns 8 --temperatures 0 1 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: E402
+
+from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
+from hf_dspark.loading import load_drafter, load_target  # noqa: E402
+from hf_dspark.training.prompts import read_prompts  # noqa: E402
+
+logger = logging.getLogger("bench_fusion")
+CATEGORIES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
+
+
+def arms(drafter) -> dict[str, dict]:
+    """Each hf-dspark arm keeps its own lookup-history scope: an arm may reuse text of its own earlier calls (as a
+    user's later requests would), never the answer another arm just produced for the same input."""
+    return {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": 10},
+            "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_lookup_scope": "lookup"},
+            "DSpark only": {"assistant_model": drafter, "dspark_lookup": False},
+            "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"}}
+
+
+def render(tokenizer, messages: list[dict]) -> torch.Tensor:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]
+
+
+class Runner:
+    """Runs one input through every arm (rotating the order), records seconds, tokens, identity and stats."""
+
+    def __init__(self, target, tokenizer, drafter, temperature: float, seed: int):
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.arms = arms(drafter)
+        self.sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
+        self.temperature, self.seed, self.calls = temperature, seed, 0
+        self.records = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # workload -> arm -> field -> list
+
+    def run(self, workload: str, messages: list[dict], max_new_tokens: int) -> list[int]:
+        """Every arm on one conversation; returns plain's new tokens (what the conversation continues with)."""
+        ids = render(self.tokenizer, messages)
+        names = list(self.arms)
+        shift = self.calls % len(names)
+        self.calls += 1
+        outputs = {}
+        for name in names[shift:] + names[:shift]:
+            torch.manual_seed(self.seed + self.calls)
+            start = time.perf_counter()
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                       pad_token_id=self.tokenizer.pad_token_id, **self.sampling, **self.arms[name])
+            seconds = time.perf_counter() - start
+            new = out[0, ids.shape[1]:].tolist()
+            outputs[name] = new
+            record = self.records[workload][name]
+            record["seconds"].append(seconds)
+            record["tokens"].append(len(new))
+            if "assistant_model" in self.arms[name]:
+                record["stats"].append(self.drafter.stats)
+        if self.temperature == 0:
+            for name, new in outputs.items():
+                self.records[workload][name]["identical"].append(new == outputs["plain"])
+        return outputs["plain"]
+
+
+def benchmark_workloads(runner: Runner, eval_dir: Path, per_category: int, max_new_tokens: int) -> None:
+    for category in CATEGORIES:
+        prompts = read_prompts(eval_dir / f"{category}.jsonl")[:per_category]
+        for prompt in prompts:
+            first = [{"role": "user", "content": prompt.turns[0]}]
+            name = "mt-bench turn 1" if category == "mt-bench" else category
+            answer = runner.run(name, first, max_new_tokens)
+            if category == "mt-bench" and len(prompt.turns) > 1:
+                text = runner.tokenizer.decode(answer, skip_special_tokens=True)
+                second = first + [{"role": "assistant", "content": text}, {"role": "user", "content": prompt.turns[1]}]
+                runner.run("mt-bench turn 2", second, max_new_tokens)
+            logger.info("%s: prompt done", name)
+
+
+def agent_loop(runner: Runner, num_turns: int) -> None:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for turn in (TURNS * (1 + num_turns // len(TURNS)))[:num_turns]:
+        for step, max_new in STEPS.items():
+            if step == "plan":
+                messages.append({"role": "user", "content": turn.user})
+            elif step == "read":
+                messages.append({"role": "tool", "content": json.dumps({"tool": turn.tool, "result": turn.result})})
+            else:
+                messages.append({"role": "user", "content": INSTRUCTIONS[step]})
+            reply = runner.run("agent loop", messages, max_new)
+            messages.append({"role": "assistant",
+                             "content": runner.tokenizer.decode(reply, skip_special_tokens=True)})
+        logger.info("agent loop: turn done (%d messages)", len(messages))
+
+
+def summarize(records: dict, temperature: float) -> list[dict]:
+    rows = []
+    for workload, per_arm in records.items():
+        plain_tps = sum(per_arm["plain"]["tokens"]) / sum(per_arm["plain"]["seconds"])
+        lookup_tps = sum(per_arm["prompt lookup"]["tokens"]) / sum(per_arm["prompt lookup"]["seconds"])
+        for arm, record in per_arm.items():
+            tps = sum(record["tokens"]) / sum(record["seconds"])
+            row = {"T": temperature, "workload": workload, "arm": arm, "tok_s": tps, "x_plain": tps / plain_tps,
+                   "x_best_peer": tps / max(plain_tps, lookup_tps), "generations": len(record["tokens"]),
+                   "tokens": sum(record["tokens"]), "seconds": sum(record["seconds"]),
+                   "identical": all(record["identical"]) if record.get("identical") else None}
+            if record.get("stats"):
+                merged = record["stats"][0]
+                for stats in record["stats"][1:]:
+                    merged = merged.merge(stats)
+                row["tau"] = merged.tau
+                row["by_source"] = {name: {"rounds": child.rounds, "tau": child.tau,
+                                           "acceptance": child.acceptance_rate}
+                                    for name, child in merged.by_source.items()}
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| T | workload | arm | tok/s | × plain | × max(plain, prompt lookup) | τ | rounds: lookup / drafter / plain "
+             "| greedy identical |", "|---" * 9 + "|"]
+    for r in rows:
+        src = r.get("by_source", {})
+        split = " / ".join(str(src.get(k, {}).get("rounds", 0)) for k in ("lookup", "drafter", "none")) if src else "–"
+        same = {True: "yes", False: "NO", None: "–"}[r["identical"]]
+        lines.append(f"| {r['T']:g} | {r['workload']} | {r['arm']} | {r['tok_s']:.1f} | {r['x_plain']:.2f} | "
+                     f"{r['x_best_peer']:.2f} | {r.get('tau', float('nan')):.2f} | {split} | {same} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="target directory (default: the embedded SmolLM2)")
+    p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
+    p.add_argument("--per-category", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--turns", type=int, default=8, help="agent-loop user turns (4 generations each); 0 = skip")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
+    p.add_argument("--skip-benchmarks", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("hf_dspark").setLevel(logging.WARNING)  # one stats line per generate call would flood
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.target)
+    drafter = load_drafter(args.drafter, target).model
+    eval_dir = default_eval_dir()
+    warm = render(tokenizer, [{"role": "user", "content": "Say hello."}])
+    for extra in arms(drafter).values():  # one-off costs (the step-cost profile, kernels) are not timed
+        target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **extra)
+    rows = []
+    for temperature in args.temperatures:
+        runner = Runner(target, tokenizer, drafter, temperature, args.seed)
+        if not args.skip_benchmarks:
+            benchmark_workloads(runner, eval_dir, args.per_category, args.max_new_tokens)
+        if args.turns:
+            agent_loop(runner, args.turns)
+        rows += summarize(runner.records, temperature)
+        print(table([r for r in rows if r["T"] == temperature]), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_fusion.json").write_text(json.dumps(rows, indent=1))
+        (out / "bench_fusion.md").write_text(table(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
