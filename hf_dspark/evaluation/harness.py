@@ -17,6 +17,7 @@ The library logs; the CLI (``hf-dspark eval``) prints.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,7 @@ from ..metrics import DSparkStats
 from .benchmarks import (DEEPSPEC_SAMPLE_CAPS, DEEPSPEC_SEED, DEFAULT_BENCHMARKS, Benchmark, encode_chat_prompt,
                          left_pad, load_benchmark)
 from ..modeling.architectures import method_label
+from ..scheduling.policies import ThresholdPolicy
 from .recorder import RoundRecorder, RoundTrace
 
 # Every round proposes all γ drafts (threshold 0): calibration and the offline threshold sweep need complete rounds
@@ -69,14 +71,13 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
     if not trace.has_confidence:
         raise ValueError("a threshold sweep needs confidence logits in every round (a drafter with a confidence "
                          "head); DFlash-style drafters have none")
-    gamma = trace.block_size
     confidence = calibrated_confidence(trace.confidence_logits, temperatures, offsets)
     rounds = max(len(trace), 1)
     out = ThresholdSweep([], [], [], [])
     for t in thresholds:
-        below = confidence < t
-        first = np.where(below.any(axis=1), below.argmax(axis=1), gamma)
-        verified = np.minimum(trace.num_proposed, first)
+        # the library's one threshold rule (what generate and the engine run): verify up to the first c_k < t
+        verified = ThresholdPolicy(float(t), max_threshold=math.inf).choose(confidence, trace.num_proposed,
+                                                                            None).numpy()
         accepted = np.minimum(trace.num_accepted, verified)
         committed = np.where(verified >= trace.num_accepted, trace.num_committed,
                              np.minimum(trace.num_committed, verified + 1))

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..generation.memory import LONG_MATCH_TOKENS
 from ..serving import DSparkEngine
 from ..training.prompts import read_prompts
 from .benchmarks import benchmark_path
@@ -41,14 +42,20 @@ class ServingBenchSettings:
     max_prefill_tokens: int = 2048
 
 
-def parse_policy(label: str, threshold: float) -> tuple[str, dict]:
-    """"none", "fixedN" (verify N drafts), "fixed" (all), "threshold", "scheduled", "scheduled-async"."""
+def parse_policy(label: str, threshold: float) -> tuple[str, dict, dict]:
+    """(policy, policy kwargs, engine kwargs) for "none", "fixedN" (verify N drafts), "fixed" (all), "threshold",
+    "scheduled" (lookup + drafter, the default), "scheduled-nolookup" (drafter only), "lookup-only" (no drafter),
+    "scheduled-async"."""
     match = re.fullmatch(r"fixed(\d+)", label)
     if match:
-        return "fixed", {"num_tokens": int(match.group(1))}
+        return "fixed", {"num_tokens": int(match.group(1))}, {}
     if label == "threshold":
-        return "threshold", {"threshold": threshold}
-    return label, {}
+        return "threshold", {"threshold": threshold}, {}
+    if label == "scheduled-nolookup":
+        return "scheduled", {}, {"lookup": False}
+    if label == "lookup-only":
+        return "scheduled", {}, {"lookup": True, "draft": None}
+    return label, {}, {}
 
 
 def serving_prompts(tokenizer, eval_dir, per_benchmark: int, max_prompts: int | None,
@@ -110,7 +117,8 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                       settings: ServingBenchSettings) -> list[dict]:
     """Every (concurrency, repeat, policy) cell on the same request stream; one record per cell. Greedy runs also
     record how often the batched outputs equal the first policy's (``greedy_agreement``)."""
-    slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + drafter.config.block_size + 1
+    widest = max(drafter.config.block_size, LONG_MATCH_TOKENS)  # a lookup proposal may exceed the block
+    slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + widest + 1
     sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {}
     policies = list(settings.policies)
     results = []
@@ -120,10 +128,12 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
         for repeat in range(settings.repeats):
             shift = repeat % len(policies)  # no policy always runs first (or right after a warm cache)
             for label in policies[shift:] + policies[:shift]:
-                name, kwargs = parse_policy(label, settings.threshold)
-                engine = DSparkEngine(target, drafter if name != "none" else None, name, policy_kwargs=kwargs,
-                                      sps=sps, max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
-                                      max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer)
+                name, kwargs, engine_kwargs = parse_policy(label, settings.threshold)
+                draft = engine_kwargs.pop("draft", drafter if name != "none" else None)
+                engine = DSparkEngine(target, draft, name, policy_kwargs=kwargs, sps=sps,
+                                      max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
+                                      max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer,
+                                      **engine_kwargs)
                 record = run_level(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
                 outputs = record.pop("outputs")
                 if reference is None:

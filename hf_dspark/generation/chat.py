@@ -41,6 +41,8 @@ class ChatReply:
         if self.stats is not None and self.stats.rounds:
             line += (f", tau {self.stats.tau:.2f} (incl. bonus) over {self.stats.rounds} rounds, "
                      f"acceptance {self.stats.acceptance_rate:.0%}")
+            if self.stats.by_source:  # where the drafts came from: lookup, the drafter, or none (plain rounds)
+                line += " [" + "; ".join(self.stats.source_summary(name) for name in sorted(self.stats.by_source)) + "]"
         return line
 
 

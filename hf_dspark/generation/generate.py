@@ -149,115 +149,144 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     _raise_if_unsupported(model, generation_config, cache)
     cache = cache if cache is not None else DynamicCache(config=model.config)
+    call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
+                         generation_config, drafter, dspark_streamer, dspark_recorder)
     do_sample = bool(generation_config.do_sample)
-    want_scores = bool(generation_config.output_scores) and bool(generation_config.return_dict_in_generate)
-    want_logits = bool(generation_config.output_logits) and bool(generation_config.return_dict_in_generate)
-    pad = generation_config._pad_token_tensor
-    eos = generation_config._eos_token_tensor
-    pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
-
-    stats = DSparkStats.new(drafter.config.block_size)
-    drafter.stats = stats
-    bsz, device = input_ids.shape[0], input_ids.device
-    mask = model_kwargs.get("attention_mask")
-    mask = torch.ones_like(input_ids) if mask is None else mask.to(torch.long)
-    stop = StopRules(stopping_criteria, generation_config.max_length)
-    max_length = stop.max_length or input_ids.shape[1] + (generation_config.max_new_tokens or 0)
-    row_processors = adapt_for_rows(logits_processor, (mask.cumsum(-1) == 0).sum(-1).tolist())
-    reads_ids = not RowLogitsProcessor(row_processors[0] if row_processors else None, []).ids_independent
-    tokens = RowTokens(input_ids, mask, capacity=max_length + drafter.config.block_size + 2,
-                       mirror=reads_ids or bool(stop.others))
-    scores = [[] for _ in range(bsz)] if want_scores else None
-    raw_logits = [[] for _ in range(bsz)] if want_logits else None
-    if dspark_streamer is not None:
-        if bsz > 1:
-            raise ValueError("Streamers support batch size 1 only (as in transformers).")
-        dspark_streamer.put(input_ids.cpu())
-
     with TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
-        # -- prefill ------------------------------------------------------------------------------------------
-        start = time.perf_counter()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        first_processor = RowLogitsProcessor(row_processors, tokens=tokens, rows=list(range(bsz)))
-        processed = {}
-
-        def pick_first(logits: torch.Tensor) -> torch.Tensor:
-            processed["logits"] = first_processor(input_ids[:, :0], logits.clone())
-            return pick_tokens(processed["logits"], do_sample, dspark_generator)
-
-        raw, first, draft_cache = prefill(model, input_ids, positions, cache, pick_first=pick_first,
-                                          attention_mask=mask, tap=tap, drafter=drafter, draft_cache=DraftCache(),
-                                          valid=mask.bool(), counts=[tokens.prompt_length - p for p in tokens.num_pad])
-        draft_cache.reserve(max_length + drafter.config.block_size + 1)
-        stats.prefill_seconds += time.perf_counter() - start
-        active = []
-        for b, token in enumerate(first.tolist()):
-            _, finished = stop.commit(tokens, b, [token])
-            _record_scores(scores, raw_logits, b, processed["logits"][b:b + 1], raw[b:b + 1])
-            if not finished:
-                active.append(b)
-        if dspark_streamer is not None:
-            dspark_streamer.put(first.cpu())
-        batch = RaggedBatch(model.config, device)
-        own_lengths = [tokens.prompt_length - p for p in tokens.num_pad]
-        batch.start(cache, mask, first, positions[:, -1] + 1, host_valid=own_lengths, host_positions=own_lengths,
-                    draft_cache=draft_cache)
-        batch.keep(active)
-
+        batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,
                                     lookup=dspark_lookup if dspark_recorder is None else False,
                                     lookup_scope=dspark_lookup_scope, step_cost=dspark_step_cost,
-                                    tokenizer=tokenizer, rows=bsz, sequential_top_k=dspark_sequential_top_k)
-        if lookup is not None:
-            for b in range(bsz):
-                lookup.start_row(b, tokens.host[b][tokens.num_pad[b]:])  # own prompt + first token
+                                    tokenizer=tokenizer, rows=len(call.tokens),
+                                    sequential_top_k=dspark_sequential_top_k)
+        call.start_lookup(lookup)
         while active:
-            processor = RowLogitsProcessor([row_processors[b] for b in active], tokens=tokens, rows=active)
-            budgets = [max_length - tokens.lengths[b] for b in active]
-            result = round_.run(batch, processor, budgets, do_sample=do_sample, generator=dspark_generator, tap=tap,
-                                row_ids=active)
-            committed, still = [], []
-            for i, b in enumerate(active):
-                n, finished = stop.commit(tokens, b, result.tokens[i])
-                committed.append(n)
-                _record_scores(scores, raw_logits, b, result.target_logits[i, :n], result.raw_logits[i, :n])
-                if lookup is not None:
-                    lookup.commit(b, result.tokens[i][:n])
-                if not finished:
-                    still.append(i)
-            stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
-            stats.draft_seconds += result.draft_seconds
-            stats.verify_seconds += result.verify_seconds
-            if dspark_recorder is not None:
-                block = result.block
-                dspark_recorder.observe_round(torch.tensor(result.lengths), torch.tensor(result.num_accepted),
-                                              torch.tensor(committed),
-                                              block.confidence_logits if block is not None else None)
-            if dspark_streamer is not None and committed[0]:
-                dspark_streamer.put(torch.tensor(result.tokens[0][: committed[0]]))
+            result = round_.run(batch, call.processor(active), call.budgets(active), do_sample=do_sample,
+                                generator=dspark_generator, tap=tap, row_ids=active)
+            still = call.commit_round(active, result)
             batch.keep(still)
             active = [active[i] for i in still]
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
+        call.end_lookup()
+    return call.finish()
 
+
+class _GenerateCall:
+    """One ``generate`` call's rows: their tokens and stopping rules, per-row processors, the recorded scores, the
+    stats, the streamer and recorder, and the rows' lookup index. The round itself is the shared one."""
+
+    def __init__(self, input_ids, attention_mask, logits_processor, stopping_criteria, generation_config, drafter,
+                 streamer, recorder):
+        self.input_ids, self.config, self.drafter = input_ids, generation_config, drafter
+        self.streamer, self.recorder, self.lookup = streamer, recorder, None
+        self.mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.long)
+        bsz = input_ids.shape[0]
+        self.stats = drafter.stats = DSparkStats.new(drafter.config.block_size)
+        self.stop = StopRules(stopping_criteria, generation_config.max_length)
+        self.max_length = self.stop.max_length or input_ids.shape[1] + (generation_config.max_new_tokens or 0)
+        self.row_processors = adapt_for_rows(logits_processor, (self.mask.cumsum(-1) == 0).sum(-1).tolist())
+        reads_ids = not RowLogitsProcessor(self.row_processors[0] if self.row_processors else None, []).ids_independent
+        self.tokens = RowTokens(input_ids, self.mask, capacity=self.max_length + drafter.config.block_size + 2,
+                                mirror=reads_ids or bool(self.stop.others))
+        returns_dict = bool(generation_config.return_dict_in_generate)
+        self.scores = [[] for _ in range(bsz)] if returns_dict and generation_config.output_scores else None
+        self.raw_logits = [[] for _ in range(bsz)] if returns_dict and generation_config.output_logits else None
+        if streamer is not None:
+            if bsz > 1:
+                raise ValueError("Streamers support batch size 1 only (as in transformers).")
+            streamer.put(input_ids.cpu())
+
+    def prefill(self, model, cache, tap, do_sample: bool, generator) -> tuple[RaggedBatch, list[int]]:
+        """The prompts through the target, the first token of every row, the batch of rows still running."""
+        start = time.perf_counter()
+        tokens, mask = self.tokens, self.mask
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        first_processor = RowLogitsProcessor(self.row_processors, tokens=tokens, rows=list(range(len(tokens))))
+        processed = {}
+
+        def pick_first(logits: torch.Tensor) -> torch.Tensor:
+            processed["logits"] = first_processor(self.input_ids[:, :0], logits.clone())
+            return pick_tokens(processed["logits"], do_sample, generator)
+
+        own_lengths = [tokens.prompt_length - p for p in tokens.num_pad]
+        raw, first, draft_cache = prefill(model, self.input_ids, positions, cache, pick_first=pick_first,
+                                          attention_mask=mask, tap=tap, drafter=self.drafter, draft_cache=DraftCache(),
+                                          valid=mask.bool(), counts=own_lengths)
+        draft_cache.reserve(self.max_length + self.drafter.config.block_size + 1)
+        self.stats.prefill_seconds += time.perf_counter() - start
+        active = []
+        for b, token in enumerate(first.tolist()):
+            _, finished = self.stop.commit(tokens, b, [token])
+            self._record(b, processed["logits"][b:b + 1], raw[b:b + 1])
+            if not finished:
+                active.append(b)
+        if self.streamer is not None:
+            self.streamer.put(first.cpu())
+        batch = RaggedBatch(model.config, self.input_ids.device)
+        batch.start(cache, mask, first, positions[:, -1] + 1, host_valid=own_lengths, host_positions=own_lengths,
+                    draft_cache=draft_cache)
+        batch.keep(active)
+        return batch, active
+
+    def processor(self, active: list[int]) -> RowLogitsProcessor:
+        return RowLogitsProcessor([self.row_processors[b] for b in active], tokens=self.tokens, rows=active)
+
+    def budgets(self, active: list[int]) -> list[int]:
+        return [self.max_length - self.tokens.lengths[b] for b in active]
+
+    def commit_round(self, active: list[int], result) -> list[int]:
+        """Commit each row's tokens with the stopping rules; returns the batch positions of rows still running."""
+        committed, still = [], []
+        for i, b in enumerate(active):
+            n, finished = self.stop.commit(self.tokens, b, result.tokens[i])
+            committed.append(n)
+            self._record(b, result.target_logits[i, :n], result.raw_logits[i, :n])
+            if self.lookup is not None:
+                self.lookup.commit(b, result.tokens[i][:n])
+            if not finished:
+                still.append(i)
+        stats = self.stats
+        stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
+        stats.draft_seconds += result.draft_seconds
+        stats.verify_seconds += result.verify_seconds
+        if self.recorder is not None:
+            block = result.block
+            self.recorder.observe_round(torch.tensor(result.lengths), torch.tensor(result.num_accepted),
+                                        torch.tensor(committed), block.confidence_logits if block is not None else None)
+        if self.streamer is not None and committed[0]:
+            self.streamer.put(torch.tensor(result.tokens[0][: committed[0]]))
+        return still
+
+    def start_lookup(self, lookup) -> None:
+        self.lookup = lookup
         if lookup is not None:
-            for b in range(bsz):  # this call's text becomes lookup history for later calls with the same key
-                lookup.end_row(b, keep_in_history=True)
-    if dspark_streamer is not None:
-        dspark_streamer.end()
-    stats.log()
-    sequences = tokens.sequences(pad_id, device)
-    if not generation_config.return_dict_in_generate:
-        return sequences
-    return _build_output(sequences, scores, raw_logits)
+            for b in range(len(self.tokens)):
+                lookup.start_row(b, self.tokens.host[b][self.tokens.num_pad[b]:])  # own prompt + first token
 
+    def end_lookup(self) -> None:
+        if self.lookup is not None:
+            for b in range(len(self.tokens)):  # this call's text becomes lookup history for later calls with its key
+                self.lookup.end_row(b, keep_in_history=True)
 
-def _record_scores(scores, raw_logits, row: int, processed: torch.Tensor, raw: torch.Tensor) -> None:
-    if scores is not None:
-        scores[row].extend(processed)
-    if raw_logits is not None:
-        raw_logits[row].extend(raw)
+    def _record(self, row: int, processed: torch.Tensor, raw: torch.Tensor) -> None:
+        if self.scores is not None:
+            self.scores[row].extend(processed)
+        if self.raw_logits is not None:
+            self.raw_logits[row].extend(raw)
+
+    def finish(self):
+        if self.streamer is not None:
+            self.streamer.end()
+        self.stats.log()
+        config = self.config
+        pad, eos = config._pad_token_tensor, config._eos_token_tensor
+        pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
+        sequences = self.tokens.sequences(pad_id, self.input_ids.device)
+        if not config.return_dict_in_generate:
+            return sequences
+        return _build_output(sequences, self.scores, self.raw_logits)
 
 
 def _stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:

@@ -110,7 +110,8 @@ class SpeculativeRound:
             if plan.proposals is not None and confidence is not None:
                 plan.use_lookup = self.policy.refine_sources(confidence, plan.lookup_confidences, plan.use_lookup,
                                                              switchable=~np.asarray(modes, dtype=bool))
-        lengths, sources, drafter_rows = self._choose(plan, block, proposed, confidence, budgets, cost, step)
+        lengths, sources, drafter_rows = self._choose(plan, block, proposed, confidence, budgets, cost, step,
+                                                      any_sampled)
         width = 1 + max(lengths, default=0)
         drafts, probs = assemble_drafts(block, plan, lengths, sources, width, batch.anchors, self.vocab_size,
                                         any_sampled)
@@ -173,7 +174,8 @@ class SpeculativeRound:
             return block, packed[:, 0].astype(np.int64), packed[:, 1:]
         return block, block.num_drafts.cpu().numpy().astype(np.int64), None  # read 1
 
-    def _choose(self, plan: RoundPlan, block, proposed: np.ndarray, confidence, budgets, cost, step):
+    def _choose(self, plan: RoundPlan, block, proposed: np.ndarray, confidence, budgets, cost, step,
+                any_sampled: bool):
         """ℓ_r for every row (never more than its source proposes or its budget allows) and each row's source."""
         rows = len(budgets)
         caps = np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0)
@@ -182,8 +184,9 @@ class SpeculativeRound:
             if block is None:
                 return [0] * rows, [NO_SOURCE] * rows, np.zeros(rows, dtype=bool)
             # host tensors (CPU: no device traffic); policies read them as numpy
+            extra = {"all_greedy": not any_sampled} if self.policy.supports_lookup else {}
             chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
-                                        torch.from_numpy(drafter_max), cost, step=step)
+                                        torch.from_numpy(drafter_max), cost, step=step, **extra)
             drafter_rows = np.ones(rows, dtype=bool)
             max_lengths = drafter_max
         else:
@@ -193,7 +196,8 @@ class SpeculativeRound:
             max_lengths = np.where(use_lookup, lookup_len, np.where(drafter_rows, drafter_max, 0))
             conf = combined_confidences(plan, confidence, drafter_rows, rows)
             chosen = self.policy.choose(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost, step=step,
-                                        drafter_rows=drafter_rows, drafted=block is not None)
+                                        drafter_rows=drafter_rows, drafted=block is not None,
+                                        all_greedy=not any_sampled)
         chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
         lengths = [int(x) for x in chosen]
         sources = [NO_SOURCE if n == 0 else DRAFTER if drafter_rows[r] else LOOKUP for r, n in enumerate(lengths)]

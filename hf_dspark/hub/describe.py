@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..modeling.architectures import architecture_of, has_sequential_head, method_label
-from ..modeling.dialects import CheckpointError, LoadPlan, plan_load
+from ..modeling.checkpoint_loading import CheckpointError, LoadPlan, plan_load
 
 
 @dataclass
@@ -131,9 +131,10 @@ def describe_checkpoint(path, target=None, **kwargs) -> CheckpointReport:
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         dialect = None
         try:
-            from ..modeling.dialects import _read_config, _resolve_dir, detect_dialect
+            from ..modeling.checkpoint_files import read_config, resolve_checkpoint_dir
+            from ..modeling.dialects import detect_dialect
 
-            dialect = detect_dialect(_read_config(_resolve_dir(path, **kwargs)), path).name
+            dialect = detect_dialect(read_config(resolve_checkpoint_dir(path, **kwargs)), path).name
         except Exception:  # the report names the first problem either way
             pass
         facts = [("dialect", dialect)] if dialect else []

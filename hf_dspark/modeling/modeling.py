@@ -271,7 +271,7 @@ class DSparkDraftModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
         """Load our format or any published dialect (DeepSpec, speculators, SpecForge / z-lab) and bind ``target``."""
-        from .dialects import load_drafter
+        from .checkpoint_loading import load_drafter
 
         return load_drafter(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
 

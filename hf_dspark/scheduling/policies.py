@@ -54,8 +54,9 @@ class VerifyPolicy:
     name: str = ""
     #: True when :meth:`choose` / :meth:`wants_drafts` read the step cost (the engine then measures it).
     needs_step_cost: bool = False
-    #: True when the policy can weigh lookup proposals against the drafter (:meth:`plan_sources`); the round
-    #: offers lookup proposals only to such policies.
+    #: True when the policy speaks the fused round's protocol: it can weigh lookup proposals against the drafter
+    #: (``plan_sources`` / ``refine_sources``) and its ``choose`` takes ``drafter_rows``, ``drafted`` and
+    #: ``all_greedy``; the round offers lookup proposals (and those hints) only to such policies.
     supports_lookup: bool = False
 
     def choose(self, confidences: torch.Tensor | np.ndarray | None, max_lengths: ArrayLike, sps: "SPSProfile", *,
@@ -368,10 +369,13 @@ class ScheduledPolicy(VerifyPolicy):
     supports_lookup = True
 
     def choose(self, confidences, max_lengths, sps, *, step=None, drafter_rows=None,
-               drafted: bool = True) -> torch.Tensor:
+               drafted: bool = True, all_greedy: bool = False) -> torch.Tensor:
         """``drafter_rows`` [R] bool: rows whose confidences come from the drafter (online-corrected and
         remembered as the drafter's survival); other rows carry already-calibrated lookup confidences.
-        ``drafted``: the drafter ran this round (its cost is part of every width's step time)."""
+        ``drafted``: the drafter ran this round (its cost is part of every width's step time). ``all_greedy``:
+        no row samples, so any width is verified exactly and the padded walk takes the best width outright
+        instead of stopping at the first one that does not improve Θ (the break is what keeps *sampling*
+        lossless; on a CPU the cost of 2-3 verified tokens is a dip the break would never get past)."""
         lengths = _as_lengths(max_lengths)
         num_requests = lengths.size
         conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
@@ -382,7 +386,7 @@ class ScheduledPolicy(VerifyPolicy):
         if rows.any() and survival.shape[1]:
             self._remember(survival[rows])
         if self.objective == "padded" and _is_step_cost(sps):
-            return _as_result(self._choose_width(survival, lengths, sps, drafted), max_lengths)
+            return _as_result(self._choose_width(survival, lengths, sps, drafted, all_greedy), max_lengths)
         rows, _, values = admission_order(survival)
         theta = throughput_path(values, num_requests, sps)
         num_admitted = num_leading_improvements(theta)
@@ -392,10 +396,10 @@ class ScheduledPolicy(VerifyPolicy):
         return _as_result(lengths_from_admissions(rows, num_admitted, num_requests), max_lengths)
 
     def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile",
-                      drafted: bool = True) -> np.ndarray:
+                      drafted: bool = True, all_greedy: bool = False) -> np.ndarray:
         gamma = min(survival.shape[1], cost.max_width - 1)
         theta = padded_width_path(survival[:, :gamma], cost, drafted=drafted)
-        width = num_leading_improvements(theta)
+        width = int(np.argmax(theta)) if all_greedy else num_leading_improvements(theta)
         self.last_theta = float(theta[width])
         logger.debug("scheduled (padded): R=%d, width %d of %d, Θ=%.3f", lengths.size, width, gamma,
                      self.last_theta)

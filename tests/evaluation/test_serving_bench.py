@@ -12,9 +12,11 @@ from hf_dspark.evaluation.serving_bench import (ServingBenchSettings, median_ove
 
 
 def test_policy_labels():
-    assert parse_policy("fixed3", 0.4) == ("fixed", {"num_tokens": 3})
-    assert parse_policy("threshold", 0.4) == ("threshold", {"threshold": 0.4})
-    assert parse_policy("scheduled-async", 0.4) == ("scheduled-async", {})
+    assert parse_policy("fixed3", 0.4) == ("fixed", {"num_tokens": 3}, {})
+    assert parse_policy("threshold", 0.4) == ("threshold", {"threshold": 0.4}, {})
+    assert parse_policy("scheduled-async", 0.4) == ("scheduled-async", {}, {})
+    assert parse_policy("lookup-only", 0.4) == ("scheduled", {}, {"lookup": True, "draft": None})
+    assert parse_policy("scheduled-nolookup", 0.4) == ("scheduled", {}, {"lookup": False})
 
 
 def test_closed_loop_levels_repeats_and_medians(tiny_target, tiny_drafter):
