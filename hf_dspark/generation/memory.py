@@ -40,7 +40,8 @@ class SpeculationMemory:
 
     def policy_for(self, drafter) -> ScheduledPolicy:
         with self.lock:
-            return self.policies.setdefault(_token(drafter), ScheduledPolicy())
+            # generate calls come and go: a drafter that keeps not paying is probed less and less often
+            return self.policies.setdefault(_token(drafter), ScheduledPolicy(probe_backoff=2.0))
 
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and

@@ -342,11 +342,19 @@ class ScheduledPolicy(VerifyPolicy):
 
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
-                 calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded"):
+                 calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded",
+                 probe_backoff: float = 1.0, max_probe_interval: int = 1024):
         if objective not in ("padded", "tokens"):
             raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
                              f"(the paper's Θ = τ · SPS(Σ(1 + ℓ_r))), got {objective!r}")
         self.objective = objective
+        if probe_backoff < 1.0 or max_probe_interval < probe_interval:
+            raise ValueError(f"scheduled: probe_backoff must be >= 1 and max_probe_interval >= probe_interval, got "
+                             f"{probe_backoff}, {max_probe_interval}")
+        # a probe that finds drafting still does not pay makes the next one come later (×probe_backoff, at most
+        # max_probe_interval skipped rounds); a round where drafting pays resets the interval
+        self.probe_backoff, self.max_probe_interval = probe_backoff, max_probe_interval
+        self._probe_every = probe_interval
         if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
             raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
                              f"{probe_interval}, {survival_momentum}")
@@ -431,8 +439,9 @@ class ScheduledPolicy(VerifyPolicy):
             return use_lookup, False
         if not _is_step_cost(cost):
             return use_lookup, True
-        if self._skipped_in_a_row >= self.probe_interval:  # refresh the drafter's estimate now and then
+        if self._skipped_in_a_row >= self._probe_every:  # refresh the drafter's estimate now and then
             self._skipped_in_a_row = 0
+            self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
             return use_lookup, True
         width = max(lookup_survival.shape[1], drafter_survival.size)
         without = np.zeros((num_rows, width))
@@ -443,8 +452,13 @@ class ScheduledPolicy(VerifyPolicy):
         theta_without = padded_width_path(without[:, :gamma], cost, drafted=False) / self._time_ratio[False]
         theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True) / self._time_ratio[True]
         pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
-        self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
+        self._note_decision(pays)
         return use_lookup, pays
+
+    def _note_decision(self, pays: bool) -> None:
+        self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
+        if pays:
+            self._probe_every = self.probe_interval
 
     def refine_sources(self, drafter_confidences: np.ndarray, lookup_confidences: np.ndarray, use_lookup: np.ndarray,
                        switchable: np.ndarray) -> np.ndarray:
@@ -514,15 +528,16 @@ class ScheduledPolicy(VerifyPolicy):
         after a run of skipped ones."""
         if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
             return True
-        if self._skipped_in_a_row >= self.probe_interval:
+        if self._skipped_in_a_row >= self._probe_every:
             self._skipped_in_a_row = 0
+            self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
             return True
         survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
         gamma = min(survival.shape[1], cost.max_width - 1)
         drafting = padded_width_path(survival[:, :gamma], cost) / self._time_ratio[True]
         plain = num_requests / (cost.verify(num_requests, 1) * self._time_ratio[False])
         pays = bool(drafting[1:].max(initial=0.0) > plain)
-        self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
+        self._note_decision(pays)
         return pays
 
 

@@ -385,3 +385,15 @@ def test_measured_step_times_steer_the_drafting_decision():
     assert policy.step_time_ratios["drafted"] == pytest.approx(3.0, rel=0.1)
     assert policy.step_time_ratios["plain"] == pytest.approx(1.0)
     assert not policy.wants_drafts(4, cost)
+
+
+def test_probes_back_off_while_drafting_keeps_not_paying():
+    policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
+    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+    decisions = [policy.wants_drafts(4, dear) for _ in range(20)]
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes == [2, 7, 16]  # after 2, then 4, then 8 skipped rounds (the cap)
+    assert policy.wants_drafts(4, cheap)  # drafting pays again: the interval is back to 2
+    assert [policy.wants_drafts(4, dear) for _ in range(3)] == [False, False, True]
