@@ -248,7 +248,8 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--eval-dir", default=None, help=EVAL_DIR_HELP)
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help="comma list: none, fixedN, fixed, threshold, scheduled, scheduled-async")
+                   help="comma list: none, fixedN, fixed, threshold, scheduled (lookup + drafter), scheduled-nolookup, "
+                        "lookup-only (no drafter), scheduled-async")
     p.add_argument("--threshold", type=float, default=0.5, help="confidence threshold of the threshold policy")
     p.add_argument("--prompts-per-benchmark", type=int, default=8)
     p.add_argument("--max-prompts", type=int, default=None, help="cap on the total number of distinct prompts")
