@@ -42,17 +42,20 @@ def counting_reads(counts: list[int]):
             result = _original(self, *a, **k)
             return mark(result) if _name == "cpu" else result
 
-        patched.append((torch.Tensor, name, original))
+        patched.append((torch.Tensor, name, vars(torch.Tensor).get(name)))
         setattr(torch.Tensor, name, counted)
     for name in ("tensor", "as_tensor", "from_numpy"):
         original = getattr(torch, name)
-        patched.append((torch, name, original))
+        patched.append((torch, name, vars(torch).get(name)))
         setattr(torch, name, lambda *a, _original=original, **k: mark(_original(*a, **k)))
     try:
         yield
-    finally:
-        for owner, name, original in patched:
-            setattr(owner, name, original)
+    finally:  # put back exactly what was there: an inherited method is deleted again, not copied onto the class
+        for owner, name, own in patched:
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
