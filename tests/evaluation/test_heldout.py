@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from eval_fixtures import make_setup
 
@@ -36,3 +37,26 @@ def test_run_heldout_records_full_blocks_and_greedy_answers(tmp_path):
     answer = run.answers[0]
     assert answer["id"] == "h0" and answer["messages"][0]["content"] == prompts[0].text
     assert answer["messages"][1]["content"] == expected
+
+
+def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
+    import math
+
+    from hf_dspark.evaluation.heldout import greedy_block_acceptance
+    from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache
+
+    target, tokenizer, dspark, dflash = make_setup()
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"h{i}", "turns": [t]}) + "\n"
+                            for i, t in enumerate(["what red tree ?", "what blue sky ?"])))
+    run = run_heldout(target, tokenizer, dspark, read_heldout(path), max_new_tokens=24, batch_size=2)
+    build_target_cache(target, tokenizer, run.answers, tmp_path / "cache", layer_ids=dspark.config.target_layer_ids,
+                       min_loss_tokens=1, progress=False)
+    dataset = TargetCacheDataset(tmp_path / "cache")
+    for drafter in (dspark, dflash):
+        result = greedy_block_acceptance(drafter, dataset, num_anchors=16)
+        cond = result["conditional_acceptance"]
+        assert result["blocks"] > 0 and len(cond) == drafter.config.block_size
+        assert all(0.0 <= c <= 1.0 for c in cond)
+        # τ = 1 + Σ_k Π_{i≤k} q_i: the conditional rates chain into the pooled τ
+        assert result["tau_greedy"] == pytest.approx(1 + sum(math.prod(cond[:k + 1]) for k in range(len(cond))))
