@@ -1,0 +1,153 @@
+"""Held-out τ: a drafter's rounds on prompts the project never trains on, per prompt set and per position.
+
+The benchmark prompts (``benchmarks.py``) are what the templated training prompts imitate, so their τ flatters a
+drafter. ``data/heldout/`` holds a fixed set of prompts from sources no recipe trains on (hand-written chat,
+code requests from :data:`~hf_dspark.training.prompt_sources.HELD_OUT_CODE_MODULES`); this module runs a
+drafter on them through the public ``target.generate(..., assistant_model=draft)`` path at confidence threshold
+0 (every round proposes the full block) and reports τ plus conditional / unconditional acceptance per position.
+
+It also returns the target's answers: at T = 0 speculative decoding is token-identical to plain greedy decoding,
+so one run yields the held-out conversations a cheap cache-based validation curve (τ_probabilistic per
+checkpoint, :func:`~hf_dspark.training.trainer.evaluate_on_cache`) needs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..training.anchors import IGNORE_LABEL
+from ..training.losses import compute_block_hidden
+from ..training.trainer import anchor_generator, block_batch
+from .benchmarks import DEEPSPEC_SEED, encode_chat_prompt, left_pad
+from .harness import _ensure_bound, _eos_ids, sampling_kwargs
+from .recorder import RoundRecorder, RoundTrace, full_proposals
+
+
+@dataclass(frozen=True)
+class HeldOutPrompt:
+    id: str
+    text: str
+    category: str
+
+
+def read_heldout(path: str | Path) -> list[HeldOutPrompt]:
+    """``{"id", "turns": [first turn, ...], "category"}`` records (only the first turn is used)."""
+    prompts = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            record = json.loads(line)
+            prompts.append(HeldOutPrompt(record["id"], record["turns"][0], record.get("category", "")))
+    return prompts
+
+
+@dataclass
+class HeldOutRun:
+    """Rounds and answers of one drafter on one prompt set."""
+
+    trace: RoundTrace
+    answers: list[dict]  # chat records {"id", "messages", "finish_reason"} of the target's answers
+    seconds: float
+    draft_seconds: float
+
+    def summary(self) -> dict:
+        stats = self.trace.stats()
+        return {"rounds": stats.rounds, "tau": stats.tau, "committed_tokens": stats.committed_tokens,
+                "conditional_acceptance": stats.conditional_acceptance,
+                "unconditional_acceptance": stats.unconditional_acceptance, "seconds": self.seconds,
+                "draft_ms_per_round": 1000 * self.draft_seconds / max(stats.rounds, 1)}
+
+
+def _answer(tokenizer, row: list[int], eos_ids: set[int]) -> tuple[str, str]:
+    ends = [i for i, tok in enumerate(row) if tok in eos_ids]
+    finish = "stop" if ends else "length"
+    return tokenizer.decode(row[: ends[0]] if ends else row, skip_special_tokens=True), finish
+
+
+def run_heldout(target, tokenizer, drafter, prompts: Sequence[HeldOutPrompt], *, max_new_tokens: int = 128,
+                batch_size: int = 8, temperature: float = 0.0, seed: int = DEEPSPEC_SEED,
+                tag: str = "") -> HeldOutRun:
+    """Every round of ``drafter`` on ``prompts`` (threshold 0, full block) and the target's answers."""
+    recorder = RoundRecorder(drafter.config.block_size, tag=tag)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gen_kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": pad, **sampling_kwargs(temperature)}
+    eos_ids = _eos_ids(target)
+    _ensure_bound(drafter, target)
+    answers, draft_seconds = [], 0.0
+    start = time.perf_counter()
+    with full_proposals(drafter):
+        for first in range(0, len(prompts), batch_size):
+            batch = prompts[first:first + batch_size]
+            ids, mask = left_pad([encode_chat_prompt(tokenizer, p.text) for p in batch], pad)
+            torch.manual_seed(seed + first)
+            with torch.no_grad():
+                out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter,
+                                      dspark_recorder=recorder, **gen_kwargs)
+            draft_seconds += drafter.stats.draft_seconds
+            for p, row in zip(batch, out[:, ids.shape[1]:].tolist()):
+                text, finish = _answer(tokenizer, row, eos_ids)
+                answers.append({"id": p.id, "category": p.category, "finish_reason": finish,
+                                "messages": [{"role": "user", "content": p.text},
+                                             {"role": "assistant", "content": text}]})
+    return HeldOutRun(recorder.trace(), answers, time.perf_counter() - start, draft_seconds)
+
+
+@torch.no_grad()
+def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size: int = 4,
+                            seed: int = 0) -> dict:
+    """Greedy (T = 0) acceptance of ``drafter`` on a cache of the target's own *greedy* answers, every block at once.
+
+    Why it equals generation's greedy acceptance for a block: in such a cache the next token after each position
+    is the target's argmax, so teacher-forcing the sequential head with the cached tokens is exactly what drafting
+    sees while its drafts keep being accepted, and slot k is accepted iff the drafter's argmax (over the base
+    top-``sequential_top_k`` candidates, as ``draft_block`` does) equals the cached token. Unlike generation it
+    scores blocks from every anchor, not only where the previous round ended; seconds instead of minutes, so it
+    can score every checkpoint. Returns τ (bonus included) and conditional acceptance per position."""
+    cfg = drafter.config
+    gamma = cfg.block_size
+    reached, accepted = torch.zeros(gamma), torch.zeros(gamma)
+    tau_sum, blocks = 0.0, 0
+    was_training = drafter.training
+    drafter.eval()
+    param = next(drafter.parameters())
+    head, top_k = getattr(drafter, "markov_head", None), cfg.sequential_top_k
+    for start in range(0, len(dataset), batch_size):
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
+        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
+                                      batch["attention_mask"].to(param.device), targets.to(param.device),
+                                      batch["input_ids"].to(param.device))
+        full = targets.eval_mask.all(-1)  # blocks whose every slot has a label (no answer end inside)
+        h, labels, prev = hidden[full], targets.labels[full], targets.prev_ids[full]
+        if h.shape[0] == 0:
+            continue
+        base = drafter.compute_draft_logits(h).float()  # [M, γ, V']
+        if head is not None:
+            u = head.forward_teacher_forced(h, head.markov_w1(prev))
+            k = min(top_k or base.shape[-1], base.shape[-1])
+            cand = base.topk(k, dim=-1).indices  # [M, γ, k]
+            rows = head.markov_w2.weight[cand]  # [M, γ, k, r]
+            vals = base.gather(-1, cand) + torch.einsum("mgkr,mgr->mgk", rows.float(), u.float())
+            draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
+        else:
+            draft = base.argmax(-1)
+        if drafter.draft_to_target is not None:
+            draft = drafter.draft_to_target[draft]
+        match = (draft.cpu() == labels) & (labels != IGNORE_LABEL)
+        run = match.long().cumprod(-1)  # slot k accepted iff slots 0..k all match
+        tau_sum += float((1 + run.sum(-1)).sum())
+        blocks += run.shape[0]
+        alive = torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1)
+        reached += alive.sum(0).float()
+        accepted += run.sum(0).float()
+    drafter.train(was_training)
+    return {"blocks": blocks, "tau_greedy": tau_sum / max(blocks, 1),
+            "conditional_acceptance": (accepted / reached.clamp(min=1)).tolist()}
+
+
+__all__ = ["HeldOutPrompt", "HeldOutRun", "greedy_block_acceptance", "read_heldout", "run_heldout"]
