@@ -19,7 +19,7 @@ from hf_dspark.cpu_kernels import prepack_linears
 from hf_dspark.embedded import load_target
 from hf_dspark.evaluation.benchmarks import encode_chat_prompt
 from hf_dspark.evaluation.heldout import read_heldout
-from hf_dspark.evaluation.recorder import full_proposals
+from hf_dspark.evaluation.harness import FULL_PROPOSALS
 
 
 def main() -> None:
@@ -49,10 +49,10 @@ def main() -> None:
         ids = torch.tensor([encode_chat_prompt(tokenizer, prompt.text)])
         for name, drafter in drafters.items():
             drafter.bind_target(target)
-            with full_proposals(drafter), torch.no_grad():
+            with torch.no_grad():  # every round the whole block, drafter only
                 target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=drafter,
-                                max_new_tokens=args.max_new_tokens, do_sample=False,
-                                pad_token_id=tokenizer.eos_token_id)
+                                max_new_tokens=args.max_new_tokens, do_sample=False, dspark_lookup=False,
+                                pad_token_id=tokenizer.eos_token_id, **FULL_PROPOSALS)
             s, t = drafter.stats, totals[name]
             t["rounds"] += s.rounds
             t["draft_s"] += s.draft_seconds

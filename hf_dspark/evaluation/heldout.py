@@ -25,8 +25,8 @@ from ..training.anchors import IGNORE_LABEL
 from ..training.losses import compute_block_hidden
 from ..training.trainer import anchor_generator, block_batch
 from .benchmarks import DEEPSPEC_SEED, encode_chat_prompt, left_pad
-from .harness import _ensure_bound, _eos_ids, sampling_kwargs
-from .recorder import RoundRecorder, RoundTrace, full_proposals
+from .harness import FULL_PROPOSALS, _ensure_bound, _eos_ids, sampling_kwargs
+from .recorder import RoundRecorder, RoundTrace
 
 
 @dataclass(frozen=True)
@@ -80,20 +80,19 @@ def run_heldout(target, tokenizer, drafter, prompts: Sequence[HeldOutPrompt], *,
     _ensure_bound(drafter, target)
     answers, draft_seconds = [], 0.0
     start = time.perf_counter()
-    with full_proposals(drafter):
-        for first in range(0, len(prompts), batch_size):
-            batch = prompts[first:first + batch_size]
-            ids, mask = left_pad([encode_chat_prompt(tokenizer, p.text) for p in batch], pad)
-            torch.manual_seed(seed + first)
-            with torch.no_grad():
-                out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter,
-                                      dspark_recorder=recorder, **gen_kwargs)
-            draft_seconds += drafter.stats.draft_seconds
-            for p, row in zip(batch, out[:, ids.shape[1]:].tolist()):
-                text, finish = _answer(tokenizer, row, eos_ids)
-                answers.append({"id": p.id, "category": p.category, "finish_reason": finish,
-                                "messages": [{"role": "user", "content": p.text},
-                                             {"role": "assistant", "content": text}]})
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first:first + batch_size]
+        ids, mask = left_pad([encode_chat_prompt(tokenizer, p.text) for p in batch], pad)
+        torch.manual_seed(seed + first)
+        with torch.no_grad():  # threshold 0 passed per call: every round proposes the whole block
+            out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=drafter,
+                                  dspark_recorder=recorder, **FULL_PROPOSALS, **gen_kwargs)
+        draft_seconds += drafter.stats.draft_seconds
+        for p, row in zip(batch, out[:, ids.shape[1]:].tolist()):
+            text, finish = _answer(tokenizer, row, eos_ids)
+            answers.append({"id": p.id, "category": p.category, "finish_reason": finish,
+                            "messages": [{"role": "user", "content": p.text},
+                                         {"role": "assistant", "content": text}]})
     return HeldOutRun(recorder.trace(), answers, time.perf_counter() - start, draft_seconds)
 
 

@@ -10,8 +10,7 @@ result, one row per (round, batch row), with the benchmark each round belongs to
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,18 +152,4 @@ class RoundRecorder:
         return RoundTrace(*columns)
 
 
-@contextlib.contextmanager
-def full_proposals(drafter) -> Iterator[None]:
-    """Run with confidence threshold 0 (every round proposes all γ drafts), restoring the drafter's setting after.
-
-    Calibration and the offline threshold sweep need complete rounds: a higher threshold is derived from them
-    afterwards (the per-position rule is non-anticipating), but a truncated round cannot be extended."""
-    saved = drafter.config.confidence_threshold
-    drafter.config.confidence_threshold = 0.0
-    try:
-        yield
-    finally:
-        drafter.config.confidence_threshold = saved
-
-
-__all__ = ["RoundRecorder", "RoundTrace", "full_proposals"]
+__all__ = ["RoundRecorder", "RoundTrace"]

@@ -9,7 +9,7 @@ import torch
 from eval_fixtures import make_setup
 
 from hf_dspark.evaluation.harness import count_new_tokens
-from hf_dspark.evaluation.recorder import RoundRecorder, RoundTrace, full_proposals
+from hf_dspark.evaluation.recorder import RoundRecorder, RoundTrace
 
 # Scripted rounds (γ = 5): proposed, accepted, committed. The last round was cut by EOS after 3 tokens.
 PROPOSED = [5, 5, 5, 3]
@@ -86,14 +86,3 @@ def test_recorder_refused_without_a_dspark_assistant():
     ids = torch.tensor([[5, 6, 7]])
     with pytest.raises(ValueError, match="needs a DSpark assistant_model"):
         target.generate(input_ids=ids, max_new_tokens=2, dspark_recorder=RoundRecorder(5))
-
-
-def test_full_proposals_restores_the_threshold():
-    *_, dspark, _ = make_setup()
-    dspark.config.confidence_threshold = 0.6
-    with full_proposals(dspark):
-        assert dspark.config.confidence_threshold == 0.0
-    assert dspark.config.confidence_threshold == 0.6
-    with pytest.raises(RuntimeError), full_proposals(dspark):
-        raise RuntimeError("boom")
-    assert dspark.config.confidence_threshold == 0.6

@@ -54,6 +54,8 @@ def recipe_invocations() -> list[tuple[str, str, list[str]]]:
             if not match or match.group(1) not in COMMAND_OF_SCRIPT:
                 continue
             args = re.sub(r"\$\(\([^)]*\)\)", "1", match.group(2))  # $((N - HOLDOUT))
+            args = re.sub(r"\$\{[A-Za-z_]+:\+([^}]*)\}", r"\1", args)  # ${GROW:+--grow "$GROW"}: check the option
+            args = re.sub(r"\"\$@\"|\$@", "", args)  # a shell function's own arguments (checked where it is called)
             args = re.sub(r"(?<=\s)\$[A-Z_]+(?=\s|$)", "", args)  # unquoted $GROW / $INIT: may expand to nothing
             argv = [re.sub(r"\$\{?([A-Za-z_][^\s\"/]*)\}?", _placeholder, token) for token in shlex.split(args)]
             found.append((recipe.name, match.group(1), argv))
