@@ -9,11 +9,13 @@ Arms, every generation run by each of them in rotating order on the same input:
     fused          hf-dspark default: lookup + drafter under the cost-aware scheduler
 
 Workloads: the benchmark prompts (gsm8k, math500, humaneval, mbpp, mt-bench turn 1, and mt-bench turn 2, which
-re-reads the turn-1 answer plain greedy wrote) and the multi-turn tool-calling agent loop of
+re-reads the turn-1 answer plain greedy wrote), the fixed held-out prompts no recipe trains on (``data/heldout``:
+hand-written chat and code requests, ``--heldout N`` of each) and the multi-turn tool-calling agent loop of
 ``bench_agent_loop.py`` (4 generations per user turn on the growing conversation; every arm continues on plain's
 reply, so all arms see identical histories). At T = 0 every output is checked token-identical to plain.
 
-    python scripts/bench_fusion.py --per-category 3 --max-new-tokens 96 --turns 8 --temperatures 0 1 --out DIR
+    python scripts/bench_fusion.py --per-category 3 --heldout 4 --max-new-tokens 96 --turns 8 --temperatures 0 1 \
+        --out DIR
 """
 
 from __future__ import annotations
@@ -32,20 +34,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: E402
 
 from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
+from hf_dspark.evaluation.heldout import read_heldout  # noqa: E402
 from hf_dspark.loading import load_drafter, load_target  # noqa: E402
 from hf_dspark.training.prompts import read_prompts  # noqa: E402
 
 logger = logging.getLogger("bench_fusion")
 CATEGORIES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
+HELDOUT_DIR = Path(__file__).resolve().parents[1] / "data" / "heldout"
 
 
-def arms(drafter) -> dict[str, dict]:
+DEFAULT_ARMS = ("plain", "prompt lookup", "lookup only", "DSpark only", "fused")
+
+
+def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
     """Each hf-dspark arm keeps its own lookup-history scope: an arm may reuse text of its own earlier calls (as a
-    user's later requests would), never the answer another arm just produced for the same input."""
-    return {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": 10},
-            "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_lookup_scope": "lookup"},
-            "DSpark only": {"assistant_model": drafter, "dspark_lookup": False},
-            "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"}}
+    user's later requests would), never the answer another arm just produced for the same input. "no proposals"
+    (hf-dspark's round with the "none" policy: every round one plain step) measures what the loop itself costs."""
+    every = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": 10},
+             "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_lookup_scope": "lookup"},
+             "DSpark only": {"assistant_model": drafter, "dspark_lookup": False},
+             "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"},
+             "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False}}
+    unknown = set(names) - set(every)
+    if unknown or not {"plain", "prompt lookup"} <= set(names):
+        raise SystemExit(f"--arms: {sorted(unknown)} unknown; choose from {list(every)} (plain and prompt lookup "
+                         "are the references every ratio needs)")
+    return {name: every[name] for name in names}
 
 
 def render(tokenizer, messages: list[dict]) -> torch.Tensor:
@@ -56,9 +70,9 @@ def render(tokenizer, messages: list[dict]) -> torch.Tensor:
 class Runner:
     """Runs one input through every arm (rotating the order), records seconds, tokens, identity and stats."""
 
-    def __init__(self, target, tokenizer, drafter, temperature: float, seed: int):
+    def __init__(self, target, tokenizer, drafter, temperature: float, seed: int, arm_names=DEFAULT_ARMS):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.arms = arms(drafter)
+        self.arms = arms(drafter, arm_names)
         self.sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
         self.temperature, self.seed, self.calls = temperature, seed, 0
         self.records = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # workload -> arm -> field -> list
@@ -101,6 +115,14 @@ def benchmark_workloads(runner: Runner, eval_dir: Path, per_category: int, max_n
                 second = first + [{"role": "assistant", "content": text}, {"role": "user", "content": prompt.turns[1]}]
                 runner.run("mt-bench turn 2", second, max_new_tokens)
             logger.info("%s: prompt done", name)
+
+
+def heldout_workloads(runner: Runner, per_set: int, max_new_tokens: int) -> None:
+    """Single-turn prompts from sources no recipe trains on: novel text, where the drafter, not lookup, must pay."""
+    for name in ("chat", "code"):
+        for prompt in read_heldout(HELDOUT_DIR / f"{name}.jsonl")[:per_set]:
+            runner.run(f"held-out {name}", [{"role": "user", "content": prompt.text}], max_new_tokens)
+        logger.info("held-out %s: done", name)
 
 
 def agent_loop(runner: Runner, num_turns: int) -> None:
@@ -160,9 +182,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     p.add_argument("--per-category", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--heldout", type=int, default=0, help="prompts of each held-out set (data/heldout); 0 = skip")
     p.add_argument("--turns", type=int, default=8, help="agent-loop user turns (4 generations each); 0 = skip")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--skip-benchmarks", action="store_true")
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
+                   help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -178,13 +203,15 @@ def main(argv=None) -> int:
     drafter = load_drafter(args.drafter, target).model
     eval_dir = default_eval_dir()
     warm = render(tokenizer, [{"role": "user", "content": "Say hello."}])
-    for extra in arms(drafter).values():  # one-off costs (the step-cost profile, kernels) are not timed
+    for extra in arms(drafter, args.arms).values():  # one-off costs (the step-cost profile, kernels) are not timed
         target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **extra)
     rows = []
     for temperature in args.temperatures:
-        runner = Runner(target, tokenizer, drafter, temperature, args.seed)
+        runner = Runner(target, tokenizer, drafter, temperature, args.seed, args.arms)
         if not args.skip_benchmarks:
             benchmark_workloads(runner, eval_dir, args.per_category, args.max_new_tokens)
+        if args.heldout:
+            heldout_workloads(runner, args.heldout, args.max_new_tokens)
         if args.turns:
             agent_loop(runner, args.turns)
         rows += summarize(runner.records, temperature)

@@ -13,6 +13,9 @@ Implementations (``--impls``):
     dspark    ``target.generate(..., assistant_model=dspark_drafter, dspark_num_tokens=7)``
     engine    ``DSparkEngine(target, drafter, policy="fixed").generate(...)`` (plain variant only)
     dflash    ``target.generate(..., assistant_model=MuseGlimmerAssistantModel, speculation_type="dflash")``
+    dspark-dflash  hf-dspark's ``generate`` with *that same* DFlash assistant, loaded by
+              ``DSparkDraftModel.from_pretrained`` (transformers-dflash dialect; Qwen3 targets only): one drafter,
+              two loops, so the difference is the loop alone
     assisted  ``target.generate(..., assistant_model=<1-layer model>)`` with a constant 7-token schedule
     plain     plain greedy ``generate`` (opt-in): rounds of one token, the per-token baseline
 transformers refuses batch > 1 for its two loops, reported as n/a.
@@ -51,6 +54,7 @@ import json
 import logging
 import platform
 import statistics
+import tempfile
 import time
 import warnings
 import weakref
@@ -73,7 +77,7 @@ EOS_ID, PAD_ID, BOS_ID = 2, 0, 1
 REPETITION_PENALTY = 1.3
 ACCEPTED = {"all": NUM_DRAFTS, "4of7": 4, "none": 0}
 VARIANTS = ("plain", "min_new_tokens", "repetition_penalty", "threshold")
-IMPLS = ("plain", "dspark", "engine", "dflash", "assisted")
+IMPLS = ("plain", "dspark", "engine", "dflash", "dspark-dflash", "assisted")
 DEFAULT_IMPLS = IMPLS[1:]  # plain greedy generate (rounds of one token) is the opt-in per-token baseline
 FAMILIES = ("llama", "qwen3", "smollm2")
 SHIPPED_DRAFTER_DIR = Path(hf_dspark.__file__).resolve().parent / "checkpoints" / "smollm2-135m-instruct-dspark"
@@ -172,6 +176,7 @@ class Setup:
     dflash: torch.nn.Module | None
     assistant: torch.nn.Module
     device: torch.device
+    dspark_dflash: DSparkDraftModel | None = None  # ``dflash``'s weights in hf-dspark (Qwen3 targets)
 
 
 def build_setup(family: str, vocab_size: int, device: torch.device, dtype: torch.dtype) -> Setup:
@@ -179,8 +184,21 @@ def build_setup(family: str, vocab_size: int, device: torch.device, dtype: torch
         vocab_size = shipped_drafter_config()["vocab_size"]
     target = build_target(family, vocab_size).to(device=device, dtype=dtype)
     dspark = build_dspark_drafter(family, target)
-    return Setup(family, target, dspark, build_dflash_assistant(target, dspark.config.target_layer_ids),
-                 build_classic_assistant(family, target), device)
+    dflash = build_dflash_assistant(target, dspark.config.target_layer_ids)
+    return Setup(family, target, dspark, dflash, build_classic_assistant(family, target), device,
+                 dspark_dflash=load_dflash_in_dspark(target, dflash))
+
+
+def load_dflash_in_dspark(target, dflash) -> DSparkDraftModel | None:
+    """transformers' DFlash assistant saved in its own format and loaded by hf-dspark: the same weights and the
+    same drafts (tests/generation/test_dflash_interop.py), so it times our loop against transformers' with one
+    drafter. None where that dialect does not load (no DFlash in transformers, non-Qwen3 targets)."""
+    if dflash is None or target.config.model_type != "qwen3":
+        return None
+    param = next(target.parameters())
+    with tempfile.TemporaryDirectory() as tmp:
+        dflash.save_pretrained(tmp)
+        return DSparkDraftModel.from_pretrained(tmp, target=target).to(device=param.device, dtype=param.dtype).eval()
 
 
 def variant_kwargs(variant: str, num_tokens: int) -> dict:
@@ -496,7 +514,9 @@ def applicable(impl: str, cfg: Config, setup: Setup) -> str | None:
     """None when ``impl`` runs on ``cfg``, else why not (reported in the table as n/a)."""
     if impl == "dflash" and setup.dflash is None:
         return f"transformers {transformers.__version__} has no DFlash loop"
-    if impl in ("dflash", "assisted", "plain") and cfg.variant == "threshold":
+    if impl == "dspark-dflash" and setup.dspark_dflash is None:
+        return "transformers' DFlash assistants (Qwen3-style layers) load for Qwen3 targets only"
+    if impl in ("dflash", "dspark-dflash", "assisted", "plain") and cfg.variant == "threshold":
         return "hf-dspark's confidence threshold only"
     if impl in ("dflash", "assisted") and cfg.batch > 1:
         return "transformers: assisted generate is only supported for batch_size = 1"
@@ -517,6 +537,9 @@ def generate_call(impl: str, setup: Setup, cfg: Config, prompts: torch.Tensor) -
         threshold = 1e-9 if cfg.variant == "threshold" else 0.0
         out = target.generate(prompts, assistant_model=setup.dspark, dspark_num_tokens=NUM_DRAFTS,
                               dspark_confidence_threshold=threshold, **common)
+    elif impl == "dspark-dflash":
+        out = target.generate(prompts, assistant_model=setup.dspark_dflash, dspark_num_tokens=NUM_DRAFTS,
+                              dspark_confidence_threshold=0.0, **common)
     elif impl == "plain":
         out = target.generate(prompts, **common)
     elif impl == "dflash":
@@ -534,8 +557,9 @@ def run_once(impl: str, setup: Setup, cfg: Config, prompts: torch.Tensor, contin
     num_right = ACCEPTED[cfg.accept]
     with contextlib.ExitStack() as stack, torch.no_grad():
         probe = stack.enter_context(Probe(setup.target, setup.device, counter))
-        if impl in ("dspark", "engine"):
-            stack.enter_context(dspark_oracle(setup.dspark, continuation, num_right, probe))
+        if impl in ("dspark", "engine", "dspark-dflash"):
+            draft = setup.dspark_dflash if impl == "dspark-dflash" else setup.dspark
+            stack.enter_context(dspark_oracle(draft, continuation, num_right, probe))
         elif impl != "plain":
             stack.enter_context(transformers_oracle(setup.target, continuation, num_right, probe))
         with counter if counter is not None else contextlib.nullcontext():

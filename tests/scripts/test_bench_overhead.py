@@ -50,3 +50,17 @@ def test_sync_counter_counts_device_to_host_reads_once(bench):
     assert (counter.d2h, counter.h2d) == (5, 1)
     assert torch.Tensor.item is not counter._counting  # patches undone
     assert "item" not in vars(torch.Tensor) and "__bool__" not in vars(torch.Tensor)
+
+
+def test_the_dflash_assistant_runs_in_both_loops(bench):
+    """One DFlash drafter (transformers' format, loaded by hf-dspark too) under both loops: same rounds, same
+    output, so the two loops' ms per round compare the loops alone."""
+    args = bench.parse_args(["--quick", "--impls", "dflash", "dspark-dflash"])
+    args.models, args.batch, args.variants = ["qwen3"], [1, 2], ["plain"]
+    results = {(r["batch"], r["impl"]): r for r in bench.run(args)["results"]}
+    assert results[(1, "dflash")]["status"] == results[(1, "dspark-dflash")]["status"] == "ok"
+    assert results[(1, "dflash")]["rounds"] == results[(1, "dspark-dflash")]["rounds"]
+    assert results[(2, "dspark-dflash")]["status"] == "ok"  # our loop runs it at batch > 1 too
+    args.models, args.batch = ["llama"], [1]
+    on_llama = {r["impl"]: r for r in bench.run(args)["results"]}
+    assert on_llama["dspark-dflash"]["status"].startswith("n/a")  # no Qwen3 target: the dialect refuses
