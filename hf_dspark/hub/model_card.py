@@ -54,6 +54,18 @@ class DraftCardInfo:
     datasets: list[str] = field(default_factory=list)
 
 
+def _sequential_head_row(config) -> str:
+    """The head and where its bias is added: a top-k restriction drafts differently from the reference (DeepSpec
+    adds it over the whole vocabulary), so the card says which one this drafter drafts (and was calibrated) with."""
+    if not has_sequential_head(config):
+        return "none"
+    k = config.sequential_top_k
+    support = (f"bias added on the base logits' top-{k} tokens (`sequential_top_k = {k}`: cheaper on a CPU; 0 adds "
+               "it over the whole draft vocabulary, as the reference code does)" if k else
+               "bias added over the whole draft vocabulary, as the reference code does (`sequential_top_k = 0`)")
+    return f"{_HEAD_NAMES[config.sequential_head]}, rank {config.markov_rank}; {support}"
+
+
 # -------------------------------------------------------------------------------------------------------
 # Reading what training / evaluation / calibration wrote
 # -------------------------------------------------------------------------------------------------------
@@ -227,7 +239,7 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "draft_vocabulary": (f"{config.draft_vocab_size:,} most frequent answer tokens of the target's "
                              f"{config.target_config.get('vocab_size', 0):,} (q = 0 elsewhere; still lossless)"
                              if config.draft_vocab_size else "the target's full vocabulary"),
-        "sequential_head": f"{_HEAD_NAMES[head]}, rank {config.markov_rank}" if has_sequential_head(config) else "none",
+        "sequential_head": _sequential_head_row(config),
         "confidence_head": ("yes: c_k estimates P(draft k accepted, given drafts before it were)"
                             if config.use_confidence_head else "no"),
         "has_confidence_head": config.use_confidence_head,
