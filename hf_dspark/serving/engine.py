@@ -19,7 +19,8 @@ One engine step (paper Algorithm 1 around it):
 Memory is reserved at admission: a request needs prompt + max_new_tokens + γ + 1 cache slots, the padded batch
 costs rows × widest reservation, and the batch compacts its holes before it could outgrow that. A request
 that can never fit is rejected by ``submit``; the others wait. The loop therefore never allocates beyond
-``max_batch_tokens`` slots, and if a step fails anyway only that step's requests fail; the loop goes on.
+``max_batch_tokens`` slots. A failing prefill fails only its request; a failing decode step fails only the
+request it can be traced to, and the others resume from their committed tokens (``fault_isolation.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..sampling import pick_tokens
 from ..scheduling.policies import VerifyPolicy, make_policy
 from ..scheduling.step_cost import SPSProfile, StepCostProfile, profile_step_cost
 from .batch import JoiningRows, RunningBatch
+from .fault_isolation import DecodeQuarantine
 from .metrics import EngineMetrics
 from .processing import BatchLogitsProcessor
 from .requests import (
@@ -70,8 +72,10 @@ class _Prefill:
 
     cache: DynamicCache
     draft_cache: DraftCache | None
+    context: list[int]  # the prompt; for a request resuming after a failed step, prompt + tokens but the last
     num_done: int = 0
-    first_token: int | None = None  # picked when the last chunk ran
+    first_token: int | None = None  # picked when the last chunk ran; a resuming request's last committed token
+    resuming: bool = False
 
 
 def _target_eos_ids(target) -> set[int]:
@@ -166,6 +170,7 @@ class DSparkEngine:
         self._incoming_lock = threading.Lock()
         self._waiting: deque[Request] = deque()
         self._prefilling: list[Request] = []
+        self._quarantine = DecodeQuarantine()
         self._step_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -370,7 +375,7 @@ class DSparkEngine:
                         self._batch.flush_context(self.draft)
                     self._batch.join(joining)
                     if len(self._batch):
-                        self._decode(tap)
+                        self._decode_isolating_faults(tap)
                 self._retire()
             except Exception as err:
                 self._fail_running(err)
@@ -440,16 +445,27 @@ class DSparkEngine:
         widest = max((self._reservation(r.num_prompt_tokens, r.params) for r in admitted), default=0)
         while self._waiting and len(admitted) < self.max_running_requests:
             request = self._waiting[0]
+            if not self._quarantine.may_admit(request, admitted):
+                break
             need = max(widest, self._reservation(request.num_prompt_tokens, request.params))
             if (len(admitted) + 1) * need > self.max_batch_tokens:
                 break
             self._waiting.popleft()
             widest = need
-            request.admit_time = time.perf_counter()
-            request.prefill = _Prefill(DynamicCache(config=self.target.config),
-                                       DraftCache() if self.draft_width else None)
+            if request.admit_time is None:
+                request.admit_time = time.perf_counter()
+            request.prefill = self._new_prefill(request)
             self._prefilling.append(request)
             admitted = admitted + [request]
+
+    def _new_prefill(self, request: Request) -> _Prefill:
+        """Prefill state for a new request (its prompt) or one resuming after a failed decode step (prompt and
+        committed tokens; its last token is the anchor again, nothing is sampled or committed twice)."""
+        caches = (DynamicCache(config=self.target.config), DraftCache() if self.draft_width else None)
+        if not request.tokens:
+            return _Prefill(*caches, context=list(request.prompt_ids))
+        return _Prefill(*caches, context=request.prompt_ids + request.tokens[:-1], first_token=request.tokens[-1],
+                        resuming=True)
 
     def _prefill(self, tap) -> list[JoiningRows]:
         """Advance prompts by up to ``max_prefill_tokens`` in total; completed ones get their first token.
@@ -465,25 +481,24 @@ class DSparkEngine:
             if budget <= 0:
                 break
             state = request.prefill
-            num_tokens = min(budget, request.num_prompt_tokens - state.num_done)
+            num_tokens = min(budget, len(state.context) - state.num_done)
             budget -= num_tokens
-            whole = state.num_done == 0 and num_tokens == request.num_prompt_tokens
+            whole = state.num_done == 0 and num_tokens == len(state.context) and not state.resuming
             if whole and (len(together) + 1) * max(widest, num_tokens) <= self.max_prefill_tokens:
                 together.append(request)
                 widest = max(widest, num_tokens)
                 continue
             joining.extend(self._prefill_alone(request, num_tokens, tap))
         if len(together) == 1:  # alone: no padding, no mask
-            joining.extend(self._prefill_alone(together[0], together[0].num_prompt_tokens, tap))
+            joining.extend(self._prefill_alone(together[0], len(together[0].prefill.context), tap))
         elif together:
             try:
                 joining.append(self._prefill_together(together, tap))
             except Exception:
                 logger.exception("a grouped prefill failed; prefilling its %d requests one by one", len(together))
                 for request in together:
-                    request.prefill = _Prefill(DynamicCache(config=self.target.config),
-                                               DraftCache() if self.draft_width else None)
-                    joining.extend(self._prefill_alone(request, request.num_prompt_tokens, tap))
+                    request.prefill = self._new_prefill(request)
+                    joining.extend(self._prefill_alone(request, len(request.prefill.context), tap))
         self.engine_metrics.prefill_seconds += time.perf_counter() - start
         return joining
 
@@ -498,17 +513,19 @@ class DSparkEngine:
             request.finish(FinishReason.ERROR, error=err)
             self._on_finished(request)
             return []
-        if state.num_done < request.num_prompt_tokens:
+        if state.num_done < len(state.context):
             return []
         return [self._finish_prefill([request], state.cache, None, state.draft_cache, [state.first_token])]
 
     def _prefill_chunk(self, request: Request, state: _Prefill, num_tokens: int, tap) -> None:
         """One chunk of a prompt through the target (its own cache); the last chunk picks the first token."""
         begin, end = state.num_done, state.num_done + num_tokens
-        ids = torch.tensor([request.prompt_ids[begin:end]], device=self.device)
+        ids = torch.tensor([state.context[begin:end]], device=self.device)
         positions = torch.arange(begin, end, device=self.device)[None]
-        following = (torch.tensor([request.prompt_ids[end]], device=self.device)
-                     if end < request.num_prompt_tokens else None)
+        # the token after the chunk: the prompt's next one, or for the last chunk of a resumption its anchor
+        following_id = state.context[end] if end < len(state.context) else (
+            state.first_token if state.resuming else None)
+        following = None if following_id is None else torch.tensor([following_id], device=self.device)
         _, token, state.draft_cache = prefill(
             self.target, ids, positions, state.cache, following_ids=following,
             pick_first=lambda logits: torch.tensor([self._first_token(request, logits)], device=self.device),
@@ -554,7 +571,10 @@ class DSparkEngine:
         keep = []
         for row, (request, first) in enumerate(zip(requests, first_tokens)):
             self._prefilling.remove(request)
-            request.prefill = None
+            resuming, request.prefill = request.prefill.resuming, None
+            if resuming:  # its tokens were committed (and its lookup row kept) before the failed step
+                keep.append((row, request, first))
+                continue
             self.engine_metrics.generated_tokens += request.commit([first], now)
             if request.is_finished:
                 self._on_finished(request)
@@ -568,7 +588,7 @@ class DSparkEngine:
             mask = mask[rows]
             draft_cache = draft_cache.select_rows(rows) if draft_cache is not None else None
         return JoiningRows([r for _, r, _ in keep], cache, mask, draft_cache, [f for _, _, f in keep],
-                           [r.num_prompt_tokens for _, r, _ in keep])
+                           [r.num_prompt_tokens + max(len(r.tokens) - 1, 0) for _, r, _ in keep])
 
     def _start_lookup_row(self, request: Request) -> None:
         if self._lookup is None:
@@ -587,6 +607,28 @@ class DSparkEngine:
     # ------------------------------------------------------------------------------------------------------
     # One speculative round for the whole batch (the round generate runs too)
     # ------------------------------------------------------------------------------------------------------
+    def _decode_isolating_faults(self, tap) -> None:
+        """A decode step; if it fails, the batch (its cache may be half-written) is dropped, the request the
+        failure is traced to fails, and the others resume from their committed tokens (see DecodeQuarantine)."""
+        try:
+            self._decode(tap)
+        except Exception as err:
+            rows = list(self._batch.requests)
+            culprit, resume = self._quarantine.after_failure(rows)
+            self._batch.keep([])
+            self.engine_metrics.isolated_step_failures += 1
+            if culprit is not None:
+                logger.error("decode step failed (%s: %s); request %s fails, %d resume from their committed tokens",
+                             type(err).__name__, err, culprit.request_id, len(resume))
+                culprit.finish(FinishReason.ERROR, error=err)
+                self._on_finished(culprit)
+            else:
+                logger.error("decode step failed (%s: %s); its %d requests resume one at a time to find the cause",
+                             type(err).__name__, err, len(resume))
+            self._waiting.extendleft(reversed(resume))  # first in line, in their order
+            return
+        self._quarantine.after_success(self._batch.requests)
+
     def _decode(self, tap) -> None:
         batch, metrics = self._batch, self.engine_metrics
         slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)

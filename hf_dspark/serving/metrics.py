@@ -46,6 +46,7 @@ class EngineMetrics:
     rejected_requests: int = 0
     compactions: int = 0
     skipped_draft_steps: int = 0  # decode steps where the policy skipped the drafter (drafting could not pay)
+    isolated_step_failures: int = 0  # decode steps that raised (the batch resumed, at most one request failed)
     request_latencies: list[dict] = field(default_factory=list)  # per finished request (bounded, see below)
     max_kept_requests: int = 100_000
 
@@ -96,6 +97,7 @@ class EngineMetrics:
             "rejected_requests": self.rejected_requests,
             "compactions": self.compactions,
             "skipped_draft_steps": self.skipped_draft_steps,
+            "isolated_step_failures": self.isolated_step_failures,
             "mean_ttft_s": _mean([m["ttft_s"] for m in latencies]),
             "mean_itl_s": _mean([m["mean_itl_s"] for m in latencies]),
             "mean_request_tok_s": _mean([m["tokens_per_second"] for m in latencies]),

@@ -291,7 +291,10 @@ def test_requests_that_never_fit_are_rejected_others_wait(target, draft, prompts
         too_long.submit([5] * 500, 20)  # the tiny target has 512 positions
 
 
-def test_failed_step_fails_its_requests_and_the_loop_survives(target, draft, prompts, continuations, monkeypatch):
+def test_a_failed_step_loses_no_request_and_the_loop_survives(target, draft, prompts, continuations, monkeypatch):
+    """A one-off failure inside a shared decode step (the drafter runs out of memory) is nobody's fault: the
+    step's requests resume from their committed tokens instead of failing (issue #18), in the engine's own
+    thread, and every output still equals plain greedy."""
     engine = make_engine(target, draft, max_running_requests=4)
     original = draft.draft_block
     calls = {"n": 0}
@@ -305,12 +308,11 @@ def test_failed_step_fails_its_requests_and_the_loop_survives(target, draft, pro
     monkeypatch.setattr(draft, "draft_block", flaky)
     with engine:
         first = [engine.submit(p, 8) for p in prompts[:3]]
-        for handle in first:
-            with pytest.raises(RuntimeError, match="failed inside the engine"):
-                handle.result(timeout=60)
+        assert [h.result(timeout=60).token_ids for h in first] == [continuations[tuple(p)][:8] for p in prompts[:3]]
         later = [engine.submit(p, 8) for p in prompts[3:6]]
         assert [h.result(timeout=60).token_ids for h in later] == [continuations[tuple(p)][:8] for p in prompts[3:6]]
-    assert engine.metrics()["finished_requests"]["error"] == 3
+    assert calls["n"] > 2 and engine.metrics()["isolated_step_failures"] == 1
+    assert engine.metrics()["finished_requests"] == {"length": 6}
 
 
 def test_scheduled_budget_adapts_to_load(target, draft, continuations, monkeypatch):

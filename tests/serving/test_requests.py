@@ -110,3 +110,66 @@ def test_a_request_failing_in_its_prefill_fails_alone(target, draft, monkeypatch
         else:
             assert handle.result().token_ids == greedy(target, prompt, 6)
     assert engine.metrics()["finished_requests"] == {"error": 1, "length": 3}
+
+
+def _poison_decode(engine, monkeypatch, fails):
+    """Fault injection inside the decode step: the round raises whenever ``fails(row_ids)`` says so."""
+    real_run = engine._round.run
+    calls = {"n": 0}
+
+    def run(*args, row_ids=None, **kwargs):
+        calls["n"] += 1
+        if fails(list(row_ids or []), calls["n"]):
+            raise RuntimeError("injected fault in a decode step")
+        return real_run(*args, row_ids=row_ids, **kwargs)
+
+    monkeypatch.setattr(engine._round, "run", run)
+    return calls
+
+
+@pytest.mark.parametrize("policy", ["fixed", "scheduled"])
+def test_a_request_failing_in_every_decode_step_fails_alone(target, draft, monkeypatch, policy):
+    """The poisoned request's every decode step raises; it is traced and fails alone, and the requests that
+    shared its steps resume from their committed tokens and still equal plain greedy."""
+    prompts = [[5, 9, 11, 40, 7], [8, 60, 12], [33, 21, 17, 90, 4, 6], [70, 71, 72]]
+    engine = DSparkEngine(target, draft, policy, sps=SPS, max_prefill_tokens=256)
+    handles = [engine.submit(p, 12, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    _poison_decode(engine, monkeypatch, lambda rows, n: "r2" in rows)
+    while engine.step():
+        pass
+    for i, (handle, prompt) in enumerate(zip(handles, prompts)):
+        if i == 2:
+            with pytest.raises(RuntimeError, match="failed inside the engine"):
+                handle.result()
+        else:
+            assert handle.result().token_ids == greedy(target, prompt, 12)
+    metrics = engine.metrics()
+    assert metrics["finished_requests"] == {"error": 1, "length": 3}
+    assert metrics["isolated_step_failures"] >= 2  # the shared step, then the poisoned request's own
+
+
+def test_a_fault_after_tokens_were_committed_resumes_every_request(target, draft, monkeypatch):
+    """A one-off failure (nobody's fault) in the middle of decoding: no request is lost, none is duplicated,
+    every output equals plain greedy (the resumed rows re-prefill prompt + committed tokens)."""
+    prompts = [[5, 9, 11, 40, 7], [8, 60, 12], [70, 71, 72]]
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS, max_prefill_tokens=256)
+    handles = [engine.submit(p, 16) for p in prompts]
+    calls = _poison_decode(engine, monkeypatch, lambda rows, n: n == 3)
+    while engine.step():
+        pass
+    assert calls["n"] > 3
+    assert [h.result().token_ids for h in handles] == [greedy(target, p, 16) for p in prompts]
+    assert engine.metrics()["finished_requests"] == {"length": 3}
+    assert engine.metrics()["isolated_step_failures"] == 1
+
+
+def test_a_fault_in_every_step_fails_each_request_alone_and_the_engine_goes_on(target, draft, monkeypatch):
+    prompts = [[5, 9, 11, 40, 7], [8, 60, 12], [70, 71, 72]]
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS, max_prefill_tokens=256)
+    handles = [engine.submit(p, 8) for p in prompts]
+    _poison_decode(engine, monkeypatch, lambda rows, n: True)
+    for _ in range(200):
+        if not engine.step():
+            break
+    assert all(h.done() for h in handles)
+    assert engine.metrics()["finished_requests"] == {"error": 3}
