@@ -134,6 +134,8 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                                       max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
                                       max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer,
                                       **engine_kwargs)
+                if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream
+                    _ = engine.step_cost
                 record = run_level(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
                 outputs = record.pop("outputs")
                 if reference is None:

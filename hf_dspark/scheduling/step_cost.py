@@ -282,7 +282,8 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
 
     The cache is keyed by model, dtype, device and threads, not by how busy the machine was: a table measured
     while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
-    1-token verify); if that is much faster now than the cached value, the table is measured again."""
+    1-token verify), once per table and process; if that is much faster now than the cached value, the table is
+    measured again."""
     def grids(fine: bool) -> tuple[list[int], list[int]]:
         row_grid = sorted(set(int(r) for r in (rows or (default_row_grid if fine else coarse_row_grid)(max_rows))))
         return row_grid, list(range(1, max_width + 1)) if fine else coarse_width_grid(max_width)
@@ -341,6 +342,9 @@ def _step_cost_path(target, draft, row_grid: list[int], widths: list[int], *, fi
     return _cache_root(cache_dir) / f"step-{key}.json"
 
 
+_SPOT_CHECKED: set[tuple[str, str]] = set()  # (cache file, its content hash) spot-checked in this process
+
+
 def _load_step_cost(path: Path, target, context_len: int, device: torch.device, generator: torch.Generator,
                     recheck: bool) -> StepCostProfile | None:
     """The cached table at ``path``, or None (absent, unreadable, or measured on a busy machine)."""
@@ -351,8 +355,13 @@ def _load_step_cost(path: Path, target, context_len: int, device: torch.device, 
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
         return None
-    if recheck and _measured_on_a_busy_machine(profile, target, context_len, device, generator):
-        return None
+    # one spot check per table and process: every engine (and generate's first call on a target) would otherwise
+    # spend ~7 forwards re-confirming what this process already confirmed
+    checked = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+    if recheck and checked not in _SPOT_CHECKED:
+        if _measured_on_a_busy_machine(profile, target, context_len, device, generator):
+            return None
+        _SPOT_CHECKED.add(checked)
     logger.info("step-cost profile: cache hit %s", path)
     return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
                            {**profile.metadata, "source": "cache"})

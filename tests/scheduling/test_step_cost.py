@@ -207,3 +207,26 @@ def test_isotonic_fit_averages_a_slow_outlier_instead_of_raising_everything_afte
     assert (np.diff(fitted, axis=0) >= -1e-12).all() and (np.diff(fitted, axis=1) >= -1e-12).all()
     assert np.abs(fitted - table).mean() < np.abs(np.maximum.accumulate(np.maximum.accumulate(table, 0), 1)
                                                   - table).mean()
+
+
+def test_a_cached_table_is_spot_checked_once_per_process(tmp_path, monkeypatch, one_thread):
+    """Every engine loads the table; only the first load in a process pays the spot check (an edited file is a new
+    table and is checked again)."""
+    target = make_tiny_llama()
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
+    profile_step_cost(target, None, **kwargs)
+    (path,) = (tmp_path / "sps").glob("step-*.json")
+    quiet = json.loads(path.read_text())  # faster than any machine: every spot check keeps it
+    quiet["verify_seconds"] = [[v / 100 for v in line] for line in quiet["verify_seconds"]]
+    quiet["metadata"]["raw_verify_seconds"] = [[v / 100 for v in line] for line in quiet["metadata"]["raw_verify_seconds"]]
+    path.write_text(json.dumps(quiet))
+    calls = []
+    real = profiler.time_padded_verify
+    monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    for _ in range(3):
+        assert profile_step_cost(target, None, **kwargs).metadata["source"] == "cache"
+    assert calls == [(1, 1)]
+    quiet["metadata"]["note"] = "edited"
+    path.write_text(json.dumps(quiet))
+    assert profile_step_cost(target, None, **kwargs).metadata["source"] == "cache"
+    assert calls == [(1, 1), (1, 1)]
