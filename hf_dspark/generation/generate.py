@@ -88,7 +88,7 @@ def _threshold_policy(drafter, num_tokens: int | None, threshold: float | None) 
     return ThresholdPolicy(threshold, num_tokens=num_tokens, max_threshold=math.inf)
 
 
-def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_scope: str, step_cost, tokenizer,
+def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_scope: str | None, step_cost, tokenizer,
                rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
     """The round one ``generate`` call runs: explicit limits -> the threshold policy (drafter only); otherwise the
     cost-aware scheduler, remembered across calls on this target, with the lookup proposer unless turned off."""
@@ -108,7 +108,7 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_
     cost = step_cost if step_cost is not None else (lambda: memory.cost_for(model, round_drafter, rows, width))
     proposer = None
     if lookup and policy.supports_lookup:
-        key = LookupHistoryKey.for_model(model, tokenizer, lookup_scope)
+        key = None if lookup_scope is None else LookupHistoryKey.for_model(model, tokenizer, lookup_scope)
         proposer = LookupProposer(memory.history, key, max_tokens=max(drafter.config.block_size, 8),
                                   long_match_tokens=LONG_MATCH_TOKENS)
     round_ = SpeculativeRound(model, round_drafter, policy, cost=cost, verify_fn=verify,
@@ -122,15 +122,16 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_recorder=None, dspark_num_tokens: int | None = None,
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
-                  dspark_lookup_scope: str = "", dspark_step_cost=None, tokenizer=None, **model_kwargs):
+                  dspark_lookup_scope: str | None = None, dspark_step_cost=None, tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
     this machine's measured step cost (profiled once, cached): per row it takes the lookup proposal (drafts
-    copied from the row's context or earlier calls), the drafter's block, or nothing, and verifies as far as
+    copied from the row's context or, within a lookup scope, earlier calls), the drafter's block, or nothing, and verifies as far as
     it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
-    "only": lookup without running the drafter), ``dspark_lookup_scope`` (which earlier calls' text the lookup
-    may reuse: calls with different scopes never share; acceptance timing can reveal another scope's text) and
+    "only": lookup without running the drafter), ``dspark_lookup_scope`` (None, the default: each call's own
+    prompt and output only; a string: calls with that scope reuse each other's output, as an agent's turns or one
+    user's session may — never give two users one scope: acceptance timing can reveal the other's text) and
     ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it.
 
     Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round

@@ -4,8 +4,9 @@ corrections, the measured step cost, the lookup calibrator and the lookup histor
 Why: an agent loop is many short ``generate`` calls; a policy that forgot everything at every call would spend its
 first rounds of each one relearning what the drafter accepts, and the step cost would be read from disk (and
 spot-checked with a forward) every time. Everything here is per target object (a weak reference: it goes with the
-target), bounded, and cleared by ``hf_dspark.disable(target)`` / :func:`forget`. The lookup history is shared
-only by calls with the same key (target, tokenizer, the caller's ``dspark_lookup_scope``).
+target), bounded, and cleared by ``hf_dspark.disable(target)`` / :func:`forget`. The lookup history is used
+only by calls that name a ``dspark_lookup_scope`` and shared only by calls with the same key (target, tokenizer,
+that scope); calls without one read and leave nothing there.
 """
 
 from __future__ import annotations

@@ -145,6 +145,17 @@ def test_history_is_shared_only_within_a_scope(target, draft):
     assert not memory_for(target).history.keys()
 
 
+def test_without_a_scope_a_call_shares_nothing(target, draft):
+    """The default (no dspark_lookup_scope): each call looks up its own prompt and output only, and leaves nothing
+    for later calls (another user's call on the same target must not be able to time-probe it)."""
+    forget(target)
+    kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
+    first = plain(target, PROMPT, **kwargs)
+    assert not memory_for(target).history.keys()
+    assert torch.equal(plain(target, PROMPT, **kwargs), first)
+    assert not memory_for(target).history.keys()
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Sampling: χ² per position against plain sampling, lookup proposals verified with q = δ
 # ------------------------------------------------------------------------------------------------------------

@@ -105,11 +105,15 @@ def test_oracle_acceptance_paths_and_length_limit_mid_block(target, draft, refer
     oracle = OracleDrafter(draft, target, pattern=[5, 0, 2, 4, 5, 1, 3])
     monkeypatch.setattr(draft, "draft_block", oracle)
     expected = [plain_greedy(target, p, max_new_tokens=max_new_tokens) for p in prompts[:8]]
-    got = speculative_rows(target, draft, prompts[:8], 4, max_new_tokens=max_new_tokens)
+    # every round verifies the oracle's whole block (the fixed policy; no lookup, whose proposals would stand in
+    # for the drafter's): each acceptance path of the pattern really runs
+    got = speculative_rows(target, draft, prompts[:8], 4, max_new_tokens=max_new_tokens, dspark_policy="fixed",
+                           dspark_lookup=False)
     for g, e in zip(got, expected):
         assert strip_pad(g, e) == e
     if max_new_tokens > 7:
         assert draft.stats.tau > 2.0  # the oracle's accepted blocks were really used
+        assert set(draft.stats.by_source) <= {"drafter", "none"}
 
 
 def test_eos_inside_an_accepted_block(target, draft, references, monkeypatch):
