@@ -166,9 +166,11 @@ def greedy_paths(target, draft, prompts: list[list[int]], references: list[list[
                 draft.draft_block = Oracle(draft, prompts, references)
             try:
                 single, taus = [], []
-                for p in prompts:  # the drafter's own confidence threshold here, full blocks below
+                for p in prompts:  # the drafter's own confidence threshold here, full blocks below (explicit: the
+                    # default scheduler would, rightly, stop drafting with the random drafter and never try the oracle)
                     out = target.generate(torch.tensor([p], device=device), do_sample=False, max_new_tokens=num_new,
-                                          assistant_model=draft, pad_token_id=PAD_ID)
+                                          assistant_model=draft, pad_token_id=PAD_ID,
+                                          dspark_confidence_threshold=draft.config.confidence_threshold)
                     single.append(out[0, len(p):].tolist())
                     taus.append(draft.stats.tau)
                 paths[f"generate_b1_{tag}"] = (single, sum(taus) / len(taus))
