@@ -130,8 +130,8 @@ def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size
             u = head.forward_teacher_forced(h, head.markov_w1(prev))
             k = min(top_k or base.shape[-1], base.shape[-1])
             cand = base.topk(k, dim=-1).indices  # [M, γ, k]
-            rows = head.markov_w2.weight[cand]  # [M, γ, k, r]
-            vals = base.gather(-1, cand) + torch.einsum("mgkr,mgr->mgk", rows.float(), u.float())
+            bias = head.bias(u.flatten(0, 1), cand.flatten(0, 1)).view(cand.shape)  # the head's own top-k bias
+            vals = base.gather(-1, cand) + bias.float()
             draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
         else:
             draft = base.argmax(-1)

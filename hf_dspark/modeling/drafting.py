@@ -156,12 +156,13 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
         drafted = gamma
     # c_k = w·[h_k ; W1[x_{k-1}]] + b = (w_h·h_k + b) + w_e·W1[x_{k-1}]: the h part of every slot in one product
     # before the loop (the same for the early-exit and the full-block path, so both score a slot identically)
-    score = _ConfidenceScore(model.confidence_head, hidden) if model.confidence_head is not None else None
+    confidence_head = model.confidence_head
+    hidden_scores = confidence_head.hidden_logits(hidden) if confidence_head is not None else None  # [B, γ]
     embedding = head.markov_w1.weight if head is not None else None
     for k in range(drafted, gamma):
         prev_emb = F.embedding(prev, embedding) if head is not None else None
-        if score is not None:
-            conf_logits.append(score(k, prev_emb))
+        if hidden_scores is not None:
+            conf_logits.append(hidden_scores[:, k] + confidence_head.token_logits(prev_emb))
         if early_exit:
             c_k = calibrated_confidence(model, conf_logits[-1][:, None], first_position=k, greedy=greedy)[:, 0]
             stop_at = torch.where((c_k < threshold) & (stop_at == gamma), k, stop_at)
@@ -203,19 +204,6 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
                       materialise_logits=materialise if fast_greedy else None)
 
 
-class _ConfidenceScore:
-    """Slot k's confidence logit from the precomputed h part plus the previous token's part."""
-
-    def __init__(self, confidence_head, hidden: torch.Tensor):
-        weight, bias = confidence_head.proj.weight, confidence_head.proj.bias  # [1, d + r], [1]
-        d = hidden.shape[-1]
-        self.hidden_part = (F.linear(hidden, weight[:, :d], bias)[..., 0]).float()  # [B, γ]
-        self.token_weight = weight[0, d:]  # [r]
-
-    def __call__(self, k: int, prev_emb: torch.Tensor) -> torch.Tensor:
-        return self.hidden_part[:, k] + (prev_emb @ self.token_weight).float()
-
-
 def _slot_logits(head, base: torch.Tensor, hidden: torch.Tensor, prev_emb, state, top_k: int):
     """Slot logits in the draft vocabulary: base U_k plus the sequential bias, on the base top-k support when
     ``top_k`` restricts it (q_k is then defined on that support: still lossless, it is the q we sample from).
@@ -226,7 +214,7 @@ def _slot_logits(head, base: torch.Tensor, hidden: torch.Tensor, prev_emb, state
     if top_k and top_k < base.shape[-1]:
         candidates = base.topk(top_k, dim=-1).indices
         return base.gather(-1, candidates) + head.bias(u, candidates).float(), candidates, state
-    return base + F.linear(u, head.markov_w2.weight).float(), None, state
+    return base + head.bias(u).float(), None, state
 
 
 __all__ = ["DraftBlock", "calibrated_confidence", "draft_block", "draw_draft_token"]

@@ -16,6 +16,7 @@ load without renaming.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 HeadState = torch.Tensor | None
@@ -53,7 +54,7 @@ class SequentialHead(nn.Module):
     def bias(self, u: torch.Tensor, candidate_ids: torch.Tensor | None = None) -> torch.Tensor:
         """B = W2 · u over the whole vocabulary ([..., V]) or only the rows ``candidate_ids`` ([..., K])."""
         if candidate_ids is None:
-            return self.markov_w2(u)
+            return F.linear(u, self.markov_w2.weight)  # functional: drafting calls this once per slot
         rows = self.markov_w2.weight[candidate_ids]  # [B, K, r]
         return torch.einsum("bkr,br->bk", rows, u)
 
@@ -124,3 +125,14 @@ class ConfidenceHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, prev_emb: torch.Tensor) -> torch.Tensor:
         return self.proj(torch.cat([hidden, prev_emb], dim=-1)).squeeze(-1)
+
+    # Drafting splits the logit, w·[h ; e] + b = (w_h·h + b) + w_e·e: the h part of every slot is one product before
+    # the slot loop (the previous token is known only slot by slot).
+    def hidden_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """w_h·h + b for hidden [..., d] -> [...] fp32."""
+        d = hidden.shape[-1]
+        return F.linear(hidden, self.proj.weight[:, :d], self.proj.bias)[..., 0].float()
+
+    def token_logits(self, prev_emb: torch.Tensor) -> torch.Tensor:
+        """w_e·W1[x_{k-1}] for prev_emb [..., r] -> [...] fp32."""
+        return (prev_emb @ self.proj.weight[0, -prev_emb.shape[-1]:]).float()

@@ -439,9 +439,7 @@ class ScheduledPolicy(VerifyPolicy):
             return use_lookup, False
         if not _is_step_cost(cost):
             return use_lookup, True
-        if self._skipped_in_a_row >= self._probe_every:  # refresh the drafter's estimate now and then
-            self._skipped_in_a_row = 0
-            self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
+        if self._probe_due():  # refresh the drafter's estimate now and then
             return use_lookup, True
         width = max(lookup_survival.shape[1], drafter_survival.size)
         without = np.zeros((num_rows, width))
@@ -454,6 +452,14 @@ class ScheduledPolicy(VerifyPolicy):
         pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
         self._note_decision(pays)
         return use_lookup, pays
+
+    def _probe_due(self) -> bool:
+        """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off)."""
+        if self._skipped_in_a_row < self._probe_every:
+            return False
+        self._skipped_in_a_row = 0
+        self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
+        return True
 
     def _note_decision(self, pays: bool) -> None:
         self._skipped_in_a_row = 0 if pays else self._skipped_in_a_row + 1
@@ -528,9 +534,7 @@ class ScheduledPolicy(VerifyPolicy):
         after a run of skipped ones."""
         if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
             return True
-        if self._skipped_in_a_row >= self._probe_every:
-            self._skipped_in_a_row = 0
-            self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
+        if self._probe_due():
             return True
         survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
         gamma = min(survival.shape[1], cost.max_width - 1)

@@ -171,23 +171,27 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
         profile_step_cost(target, None, **kwargs)
 
 
+def rescale_cached_table(path, factor: float) -> dict:
+    """Multiply every verify timing of a cached step-cost table on disk by ``factor``; returns the new table."""
+    table = json.loads(path.read_text())
+    table["verify_seconds"] = [[factor * v for v in line] for line in table["verify_seconds"]]
+    raw = table["metadata"]["raw_verify_seconds"]
+    table["metadata"]["raw_verify_seconds"] = [[factor * v for v in line] for line in raw]
+    path.write_text(json.dumps(table))
+    return table
+
+
 def test_a_cached_profile_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch, one_thread):
     target = make_tiny_llama()
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
     cost = profile_step_cost(target, None, **kwargs)
     (path,) = (tmp_path / "sps").glob("step-*.json")
-    busy = json.loads(path.read_text())  # as if every timing had been taken while other work held the CPU
-    busy["verify_seconds"] = [[50 * v for v in line] for line in busy["verify_seconds"]]
-    busy["metadata"]["raw_verify_seconds"] = [[50 * v for v in line] for line in busy["metadata"]["raw_verify_seconds"]]
-    path.write_text(json.dumps(busy))
+    rescale_cached_table(path, 50)  # as if every timing had been taken while other work held the CPU
     fresh = profile_step_cost(target, None, **kwargs)
     assert fresh.metadata["source"] == "measured" and fresh.verify(1, 1) < 10 * cost.verify(1, 1)
     assert json.loads(path.read_text())["verify_seconds"][0][0] < 10 * cost.verify(1, 1)  # the cache is replaced
     # a table that is faster than the machine now is kept (a busy machine now must not overwrite it)
-    quiet = json.loads(path.read_text())
-    quiet["verify_seconds"] = [[v / 100 for v in line] for line in quiet["verify_seconds"]]
-    quiet["metadata"]["raw_verify_seconds"] = [[v / 100 for v in line] for line in quiet["metadata"]["raw_verify_seconds"]]
-    path.write_text(json.dumps(quiet))
+    quiet = rescale_cached_table(path, 1 / 100)
     calls = []
     real = profiler.time_padded_verify
     monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
@@ -216,10 +220,7 @@ def test_a_cached_table_is_spot_checked_once_per_process(tmp_path, monkeypatch, 
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
     profile_step_cost(target, None, **kwargs)
     (path,) = (tmp_path / "sps").glob("step-*.json")
-    quiet = json.loads(path.read_text())  # faster than any machine: every spot check keeps it
-    quiet["verify_seconds"] = [[v / 100 for v in line] for line in quiet["verify_seconds"]]
-    quiet["metadata"]["raw_verify_seconds"] = [[v / 100 for v in line] for line in quiet["metadata"]["raw_verify_seconds"]]
-    path.write_text(json.dumps(quiet))
+    quiet = rescale_cached_table(path, 1 / 100)  # faster than any machine: every spot check keeps it
     calls = []
     real = profiler.time_padded_verify
     monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
