@@ -148,6 +148,13 @@ class RaggedBatch:
     def num_slots(self) -> int:
         return self.mask.shape[1]
 
+    @property
+    def has_holes(self) -> bool:
+        """Whether any slot of any row is a hole (host mirrors only, no device read). Without holes the mask is
+        all ones and slot order is position order, so the target's own causal mask is the same mask."""
+        self._complete_host_state()
+        return any(valid != self.num_slots for valid in self.host_valid)
+
     def start(self, cache: DynamicCache, mask: torch.Tensor, anchors: torch.Tensor, anchor_positions: torch.Tensor,
               host_valid: Sequence[int], host_positions: Sequence[int], draft_cache: DraftCache | None = None,
               host_trailing: Sequence[int] | None = None) -> None:

@@ -119,8 +119,10 @@ class SpeculativeRound:
 
         # -- verify: one target forward over [anchor, drafts] for every row --------------------------------------
         positions = batch.anchor_positions[:, None] + torch.arange(width, device=batch.device)  # [R, W]
-        out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1),
-                          attention_mask=torch.cat([batch.mask, batch.mask.new_ones(rows, width)], dim=1),
+        # a batch without holes needs no padding mask (transformers would otherwise build and check one per layer
+        # type: host work, and on an accelerator a device read, for a mask of ones)
+        mask = None if not batch.has_holes else torch.cat([batch.mask, batch.mask.new_ones(rows, width)], dim=1)
+        out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1), attention_mask=mask,
                           position_ids=positions, use_cache=True, logits_to_keep=width,
                           **{self.cache_name: batch.cache})
         raw = out.logits[:, -width:].float()
@@ -135,8 +137,11 @@ class SpeculativeRound:
         # -- the batch after the round ---------------------------------------------------------------------------
         kept = torch.arange(width, device=batch.device)[None, :] <= result.num_accepted[:, None]  # anchor + accepted
         if self.drafter is not None:
-            next_ids = torch.where(kept, result.output_tokens[:, :width], 0)  # the committed token after each slot
-            batch.defer_context(tap.features()[:, :width], positions, kept, next_ids,
+            # kept slots are a prefix of every row: the drafter context needs only the longest one (the rest are
+            # rejected in every row), so it projects fewer slots and, rows aligned, writes them as one slice
+            span = 1 + max(num_accepted)
+            next_ids = torch.where(kept[:, :span], result.output_tokens[:, :span], 0)  # committed token after each
+            batch.defer_context(tap.features()[:, :span], positions[:, :span], kept[:, :span], next_ids,
                                 counts=[a + 1 for a in num_accepted])
             if batch.num_deferred_steps >= self.max_deferred_rounds:
                 batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
@@ -167,7 +172,8 @@ class SpeculativeRound:
                                          logits_processor=processor, generator=generator if any_sampled else None,
                                          confidence_threshold=self.policy.draft_threshold(),
                                          greedy_rows=None if modes is None else [not m for m in modes],
-                                         sequential_top_k=self.sequential_top_k)
+                                         sequential_top_k=self.sequential_top_k,
+                                         context_precedes_anchors=True)  # the batch holds committed context only
         if block.confidence is not None:
             packed = torch.cat([block.num_drafts[:, None].to(block.confidence.dtype), block.confidence], dim=1)
             packed = packed.double().cpu().numpy()  # read 1

@@ -65,7 +65,6 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     device = draft_tokens.device
     positions = torch.arange(gamma, device=device)
     proposed = positions[None, :] < num_drafts[:, None]  # [B, γ]
-    safe_drafts = draft_tokens.clamp(min=0)
     if isinstance(do_sample, (list, tuple)):
         any_sampled, any_greedy = any(do_sample), not all(do_sample)
         do_sample = torch.tensor(do_sample, dtype=torch.bool, device=device)
@@ -74,6 +73,8 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     else:
         any_sampled, any_greedy = bool(do_sample), not do_sample
     per_row = isinstance(do_sample, torch.Tensor)
+    if not any_sampled:
+        return _verify_greedy(draft_tokens, proposed, target_logits)
 
     if any_greedy:
         target_argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
@@ -84,6 +85,7 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
                              "sampled from (without it the output distribution is not the target's).")
         p = torch.softmax(target_logits.float(), dim=-1)  # [B, γ+1, V]
         q = draft_probs.float()
+        safe_drafts = draft_tokens.clamp(min=0)
         p_x = p[:, :gamma].gather(-1, safe_drafts[..., None]).squeeze(-1)  # p_j(x_j)
         q_x = q.gather(-1, safe_drafts[..., None]).squeeze(-1)  # q_j(x_j) > 0: x_j was drawn from q_j
         uniform = _uniforms(bsz, gamma, device, generator, host_num_drafts)
@@ -114,6 +116,19 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     keep = positions[None, :] < num_accepted[:, None]
     output[:, :gamma] = torch.where(keep, draft_tokens, output[:, :gamma])
     output[rows, num_accepted] = next_tokens
+    return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
+
+
+def _verify_greedy(draft_tokens: torch.Tensor, proposed: torch.Tensor, target_logits: torch.Tensor) -> VerificationResult:
+    """Exact greedy matching, in few device ops (it runs every round): an accepted draft *is* the target's argmax
+    at its position, so the committed tokens are the argmax up to and including the first mismatch."""
+    gamma = draft_tokens.shape[1]
+    target_argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
+    passes = (draft_tokens == target_argmax[:, :gamma]) & proposed
+    num_accepted = passes.long().cumprod(dim=-1).sum(dim=-1)
+    next_tokens = target_argmax.gather(1, num_accepted[:, None])[:, 0]
+    committed = torch.arange(gamma + 1, device=draft_tokens.device)[None, :] <= num_accepted[:, None]
+    output = torch.where(committed, target_argmax, PLACEHOLDER_TOKEN_ID)
     return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
 
 

@@ -33,6 +33,8 @@ class DraftCache:
         width = 0 if valid is None else valid.shape[1]
         self._num_slots = width  # the visible width S (max over rows of the write pointer)
         self._ends = [width] * (0 if valid is None else valid.shape[0])  # per-row write pointer (host ints)
+        # host fact: every visible slot of every row holds an entry (no holes, rows aligned); unknown = False
+        self._dense = valid is None
         # autoregressive (Eagle3) drafters: output state and position of each row's last committed entry
         self.tail = tail  # [R, d]
         self.tail_positions = tail_positions  # [R] long
@@ -41,6 +43,12 @@ class DraftCache:
     @property
     def num_slots(self) -> int:
         return self._num_slots
+
+    @property
+    def is_dense(self) -> bool:
+        """Every visible slot of every row holds an entry, as far as the host knows (no device read): true for a
+        cache filled only by packed appends that kept its rows aligned (batch 1, or rows committing alike)."""
+        return self._dense
 
     @property
     def num_rows(self) -> int:
@@ -87,6 +95,7 @@ class DraftCache:
             self._write_slice(start, keys, values, valid, positions)
             self._ends = [start + n] * rows
             self._num_slots = start + n
+            self._dense = False  # its invalid slots stay as holes
             return
         if counts is None:
             counts = valid.sum(1).tolist()
@@ -107,6 +116,8 @@ class DraftCache:
             self._valid.scatter_(1, index, valid)
             self._positions.scatter_(1, index, positions)
             self._valid[:, dump] = False
+        # packed entries are contiguous per row: still dense iff the rows stay aligned
+        self._dense = self._dense and len(set(new_ends)) == 1
         self._ends = new_ends
         self._num_slots = max(new_ends)
 
@@ -127,6 +138,7 @@ class DraftCache:
         self._positions = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self._ends = [0] * rows
         self._num_slots = 0
+        self._dense = True
 
     def reserve(self, capacity: int) -> None:
         """Make room for ``capacity`` slots per row up front (a caller that knows its final length)."""
@@ -162,6 +174,7 @@ class DraftCache:
                          None if self.tail_positions is None else self.tail_positions[index])
         out._ends = [self._ends[r] for r in host_rows]
         out._num_slots = max(out._ends, default=0)
+        out._dense = self._dense  # aligned rows stay aligned
         return out
 
 

@@ -169,10 +169,11 @@ class Eagle3DraftModel(DSparkDraftModel):
                     num_tokens: int | None = None, do_sample: bool = False, logits_processor=None,
                     prefix_ids: torch.Tensor | None = None, generator=None,
                     confidence_threshold: float | None = None, greedy_rows=None, sequential_top_k: int | None = None,
-                    early_exit: bool | None = None) -> DraftBlock:
+                    early_exit: bool | None = None, context_precedes_anchors: bool = False) -> DraftBlock:
         """Draft up to γ tokens autoregressively (one single-token layer pass each); same contract as
         :meth:`DSparkDraftModel.draft_block`. ``confidence_threshold``, ``greedy_rows``, ``sequential_top_k`` and
-        ``early_exit`` are ignored: there is no confidence or sequential head."""
+        ``early_exit`` are ignored: there is no confidence or sequential head; so is ``context_precedes_anchors``
+        (its context is the tail state, checked against the anchors)."""
         # NOTE: the consistency check reads a device value, so it runs where that is free (CPU tensors)
         if cache.tail is None or (anchor_positions.device.type == "cpu"
                                   and not bool((cache.tail_positions == anchor_positions - 1).all())):

@@ -336,7 +336,9 @@ class DSparkDraftModel(PreTrainedModel):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         weight = self.target.get_input_embeddings().weight.detach()
-        return F.embedding(ids, weight) * self.family.embed_scale(self.target_text_config)
+        scale = self.family.embed_scale(self.target_text_config)
+        embedded = F.embedding(ids, weight)
+        return embedded if scale == 1.0 else embedded * scale
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's frozen LM head (and logit soft-cap, for families that have one): full-vocabulary logits."""
@@ -418,12 +420,15 @@ class DSparkDraftModel(PreTrainedModel):
             x = layer(x, cos, sin, ctx_k, ctx_v, mask)
         return self.norm(x)
 
-    def forward_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+    def forward_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
+                      context_precedes_anchors: bool = False) -> torch.Tensor:
         """Final-normed hidden states [B, block_size, d] of the predicting slots of the block [anchor, MASK, ...].
 
         The backbone runs ``block_size + num_unpredicted_slots`` slots at positions p, p+1, ...; the leading
         ``num_unpredicted_slots`` (upstream DFlash: the anchor slot) are dropped, so row k is always the state
-        that drafts token p+k+1."""
+        that drafts token p+k+1. ``context_precedes_anchors``: the caller guarantees every cached position lies
+        before its row's anchor (the speculative round's cache holds exactly the committed context); with a
+        dense cache the attention mask is then all-True and is not built (SDPA's unmasked path)."""
         lead = getattr(self.config, "num_unpredicted_slots", 0)
         bsz, gamma = anchor_ids.shape[0], self.config.block_size + lead
         block_ids = anchor_ids.new_full((bsz, gamma), self.config.mask_token_id)
@@ -431,17 +436,18 @@ class DSparkDraftModel(PreTrainedModel):
         positions = anchor_positions[:, None] + torch.arange(gamma, device=anchor_ids.device)
         x = self.embed(block_ids)
         cos, sin = self.rotary_emb(x, positions)
-        block_mask = torch.ones(bsz, gamma, gamma, dtype=torch.bool, device=x.device)
         if cache.num_slots:
-            # strictly before the anchor: the anchor's own target state does not exist yet
-            ctx_mask = cache.valid & (cache.positions < anchor_positions[:, None])
-            mask = torch.cat([ctx_mask[:, None, :].expand(bsz, gamma, -1), block_mask], dim=-1)
             keys, values = cache.keys, cache.values
         else:
-            mask = block_mask
             empty = x.new_zeros(bsz, self.layers[0].self_attn.num_kv_heads, 0, self.config.head_dim)
             keys = values = [empty] * len(self.layers)
-        return self._run_layers(x, cos, sin, keys, values, mask[:, None])[:, lead:]
+        mask = None  # every key visible to every query: the block is bidirectional, the context all before it
+        if cache.num_slots and not (context_precedes_anchors and cache.is_dense):
+            # strictly before the anchor: the anchor's own target state does not exist yet
+            ctx_mask = cache.valid & (cache.positions < anchor_positions[:, None])
+            block_mask = torch.ones(bsz, gamma, gamma, dtype=torch.bool, device=x.device)
+            mask = torch.cat([ctx_mask[:, None, :].expand(bsz, gamma, -1), block_mask], dim=-1)[:, None]
+        return self._run_layers(x, cos, sin, keys, values, mask)[:, lead:]
 
     def training_hidden(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
                         targets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -492,7 +498,8 @@ class DSparkDraftModel(PreTrainedModel):
                     prefix_ids: torch.Tensor | None = None,
                     generator: torch.Generator | Sequence[torch.Generator] | None = None,
                     confidence_threshold: float | None = None, greedy_rows: torch.Tensor | Sequence[bool] | None = None,
-                    sequential_top_k: int | None = None, early_exit: bool | None = None) -> DraftBlock:
+                    sequential_top_k: int | None = None, early_exit: bool | None = None,
+                    context_precedes_anchors: bool = False) -> DraftBlock:
         """Draft one block for every row: the primitive behind generate, the engine and the evaluation.
 
         anchor_ids [B] (last committed token), anchor_positions [B]; the cache must already hold the context
@@ -505,11 +512,13 @@ class DSparkDraftModel(PreTrainedModel):
         config's) lets drafting stop at each row's first slot with a calibrated confidence below it
         (``early_exit``: default on CPU only, see ``modeling/drafting.py``). ``sequential_top_k`` overrides the
         config's support restriction of the sequential bias (0 = full vocabulary, the reference behaviour).
+        ``context_precedes_anchors``: see :meth:`forward_block` (the speculative round sets it).
         """
         return draft_block(self, cache, anchor_ids, anchor_positions, num_tokens=num_tokens, do_sample=do_sample,
                            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
                            confidence_threshold=confidence_threshold, greedy_rows=greedy_rows,
-                           sequential_top_k=sequential_top_k, early_exit=early_exit)
+                           sequential_top_k=sequential_top_k, early_exit=early_exit,
+                           context_precedes_anchors=context_precedes_anchors)
 
 
 register_drafter_architecture(DrafterArchitecture("block", DSparkDraftModel, servable=True,

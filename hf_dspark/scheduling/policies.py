@@ -293,10 +293,13 @@ class ThresholdPolicy(VerifyPolicy):
 
     def choose(self, confidences, max_lengths, sps, *, step=None) -> torch.Tensor:
         lengths = _as_lengths(max_lengths)
-        conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
-        passing = (conf >= self.threshold).astype(np.int64)
-        # positions beyond max_r were zeroed by fill_confidences, so they fail unless threshold == 0
-        chosen = np.minimum(np.cumprod(passing, axis=-1).sum(-1), lengths)
+        if self.threshold <= 0.0:  # every confidence in [0, 1] passes: ℓ = max_r, nothing to score
+            chosen = lengths
+        else:
+            conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
+            passing = (conf >= self.threshold).astype(np.int64)
+            # positions beyond max_r were zeroed by fill_confidences, so they fail (the threshold is > 0)
+            chosen = np.minimum(np.cumprod(passing, axis=-1).sum(-1), lengths)
         if self.num_tokens is not None:
             chosen = np.minimum(chosen, self.num_tokens)
         return _as_result(chosen, max_lengths)

@@ -247,7 +247,7 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
     positions = torch.arange(context_len, device=device).expand(rows, -1)
     # next_ids: what an autoregressive drafter pairs each position with (block drafters ignore them)
     next_ids = torch.randint(0, draft.config.vocab_size, positions.shape, generator=generator).to(device)
-    cache = draft.extend_context(DraftCache(), features, positions, next_ids=next_ids)
+    cache = draft.extend_context(DraftCache(), features, positions, next_ids=next_ids, packed=True)  # as the round
     vocab = draft.config.vocab_size
     anchors = torch.randint(0, vocab, (rows,), generator=generator).to(device)
     anchor_positions = torch.full((rows,), context_len, device=device)
@@ -255,7 +255,7 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
     for i in range(repeats + 1):  # the first pass is a warm-up
         _synchronize(device)
         start = time.perf_counter()
-        draft.draft_block(cache, anchors, anchor_positions, confidence_threshold=0.0)
+        draft.draft_block(cache, anchors, anchor_positions, confidence_threshold=0.0, context_precedes_anchors=True)
         _synchronize(device)
         if i:
             times.append(time.perf_counter() - start)

@@ -127,10 +127,15 @@ def test_round_trip_every_tensor_and_draft_equal(target, tmp_path, head):
                 "greedy_confidence_temperatures", "greedy_confidence_offsets", "sequential_top_k",
                 "num_target_layers", "target_embedding_signature", "target_name_or_path"):
         assert getattr(loaded.config, key) == getattr(draft.config, key), key
-    # no lookup: the second call's lookup would replay the first call's output from the target's history
-    expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=draft, dspark_lookup=False)
+    # no lookup: the second call's lookup would replay the first call's output from the target's history; the
+    # drafter's own threshold (the calibration decides the rounds) rather than the default scheduler, whose
+    # choices follow the machine's timing and could differ between the two calls
+    threshold = draft.config.confidence_threshold
+    expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=draft, dspark_lookup=False,
+                               dspark_confidence_threshold=threshold)
     expected_rounds = draft.stats.rounds
-    got = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=loaded, dspark_lookup=False)
+    got = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=loaded, dspark_lookup=False,
+                          dspark_confidence_threshold=threshold)
     assert torch.equal(got, expected) and loaded.stats.rounds == expected_rounds  # same drafts, same rounds
 
 
