@@ -90,3 +90,48 @@ def test_two_device_reads_per_round(batch):
         round_module.SpeculativeRound.run = real_run
         del target.forward
     assert rounds[0] > 3 and reads[0] == 2 * rounds[0], (reads, rounds)
+
+
+@pytest.mark.parametrize("lengths", [[9], [9, 5]])
+def test_padding_mask_only_where_the_batch_has_holes(lengths):
+    """The round hands the target no padding mask when no row has a hole (batch 1: its rejected slots are cropped)
+    and the batch's mask whenever one has; the host's has_holes agrees with the device mask every round, and the
+    output is plain greedy's either way."""
+    target = make_tiny_llama(seed=0)
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    g = torch.Generator().manual_seed(2)
+    width = max(lengths)
+    ids = torch.stack([torch.cat([torch.zeros(width - n, dtype=torch.long), torch.randint(3, 96, (n,), generator=g)])
+                       for n in lengths])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - n for n in lengths])[:, None]).long()
+    seen = []
+    real_run = round_module.SpeculativeRound.run
+    real_forward = target.forward
+
+    def run(self, batch, *args, **kwargs):
+        seen.append((batch.has_holes, bool((batch.mask == 0).any())))
+        return real_run(self, batch, *args, **kwargs)
+
+    def forward(*args, **kwargs):
+        if kwargs.get("logits_to_keep", 1) > 1:  # a verify forward (prefill keeps 1)
+            seen.append(("mask", kwargs.get("attention_mask") is not None))
+        return real_forward(*args, **kwargs)
+
+    round_module.SpeculativeRound.run = run
+    target.forward = functools.wraps(real_forward)(forward)
+    try:
+        got = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, assistant_model=draft,
+                              dspark_confidence_threshold=0.0, dspark_lookup=False)
+    finally:
+        round_module.SpeculativeRound.run = real_run
+        del target.forward
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    assert torch.equal(got, plain)
+    rounds = [s for s in seen if s[0] != "mask"]
+    masks = [s[1] for s in seen if s[0] == "mask"]
+    assert rounds and all(host == device for host, device in rounds)
+    if len(lengths) == 1:
+        assert not any(masks) and not any(host for host, _ in rounds)
+    else:
+        assert any(host for host, _ in rounds) and any(masks)

@@ -68,3 +68,35 @@ def test_a_cache_from_given_tensors_keeps_them_untouched(tiny_drafter):
     cache.append([torch.ones(1, 2, 2, 16)], [torch.ones(1, 2, 2, 16)], torch.ones(1, 2, dtype=torch.bool),
                  torch.arange(3, 5)[None], packed=True, counts=[2])
     assert cache.num_slots == 5 and float(keys[0].sum()) == 0.0  # the caller's tensor was not written to
+
+
+@torch.no_grad()
+def test_dense_flag_tracks_holes_and_unmasked_attention_matches(tiny_drafter):
+    """is_dense (a host fact) is true exactly while every visible slot of every row holds an entry, and with it a
+    caller whose context precedes the anchors gets the same block states without the attention mask."""
+    size = tiny_drafter.config.hidden_size * len(tiny_drafter.config.target_layer_ids)
+    g = torch.Generator().manual_seed(3)
+    cache = DraftCache()
+    assert cache.is_dense
+    for width in (6, 3, 4):  # rows commit alike: aligned, dense
+        start = cache.num_slots
+        tiny_drafter.extend_context(cache, torch.randn(2, width, size, generator=g),
+                                    (start + torch.arange(width)).expand(2, -1), torch.ones(2, width, dtype=torch.bool),
+                                    packed=True, counts=[width, width])
+        assert cache.is_dense and bool(cache.valid.all())
+    anchors, anchor_pos = torch.tensor([5, 9]), torch.full((2,), cache.num_slots)
+    torch.testing.assert_close(tiny_drafter.forward_block(cache, anchors, anchor_pos, context_precedes_anchors=True),
+                               tiny_drafter.forward_block(cache, anchors, anchor_pos), rtol=1e-5, atol=1e-5)
+    assert cache.select_rows([1]).is_dense
+    valid = torch.tensor([[True, True, False], [True, False, False]])  # rows commit differently: ragged
+    tiny_drafter.extend_context(cache, torch.randn(2, 3, size, generator=g), (13 + torch.arange(3)).expand(2, -1),
+                                valid, packed=True, counts=[2, 1])
+    assert not cache.is_dense and not bool(cache.valid.all())
+    # not dense: the mask is built even when the caller vouches for the positions (row 1 has a hole)
+    anchor_pos = torch.tensor([15, 14])
+    torch.testing.assert_close(tiny_drafter.forward_block(cache, anchors, anchor_pos, context_precedes_anchors=True),
+                               tiny_drafter.forward_block(cache, anchors, anchor_pos), rtol=0, atol=0)
+    padded = DraftCache()
+    tiny_drafter.extend_context(padded, torch.randn(1, 4, size, generator=g), torch.arange(4)[None],
+                                torch.ones(1, 4, dtype=torch.bool))
+    assert not padded.is_dense  # unpacked appends may keep holes: the host does not know, so it never claims
