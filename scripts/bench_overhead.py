@@ -297,8 +297,10 @@ class SyncCounter:
         for name in ("tensor", "as_tensor", "from_numpy"):
             original = getattr(torch, name)
 
-            def build(data, *args, _original=original, **kwargs):
-                if not isinstance(data, torch.Tensor):
+            def build(data, *args, _original=original, _name=name, **kwargs):
+                # a copy to the device only where one is named (the inputs' device: CUDA on a GPU run); without
+                # one the result is host memory on every machine, and from_numpy shares host memory
+                if not isinstance(data, torch.Tensor) and kwargs.get("device") is not None:
                     self._count("h2d")
                 result = _original(data, *args, **kwargs)
                 on_host = kwargs.get("device") in (None, "cpu") and not (args and args[0] not in (None, "cpu"))

@@ -227,8 +227,8 @@ def _is_step_cost(cost) -> bool:
 
 
 def _as_result(lengths: np.ndarray, like: ArrayLike) -> torch.Tensor:
-    """ℓ as a long tensor on the device of the caller's ``max_lengths``."""
-    device = like.device if isinstance(like, torch.Tensor) else None
+    """ℓ as a long tensor on the device of the caller's ``max_lengths`` (host memory for host lengths)."""
+    device = like.device if isinstance(like, torch.Tensor) and like.device.type != "cpu" else None
     return torch.as_tensor(np.ascontiguousarray(lengths, dtype=np.int64), device=device)
 
 
