@@ -30,6 +30,8 @@ class DSparkStats:
     reached_at: list[int] = field(default_factory=list)  # ... and drafts < j all accepted
     accepted_at: list[int] = field(default_factory=list)  # ... and draft j accepted too
     prefill_seconds: float = 0.0
+    prompt_tokens: int = 0  # prompt tokens of the call ...
+    reused_prompt_tokens: int = 0  # ... of which the prefix cache held K/V (not prefilled again)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     # per proposal source ("drafter", "lookup"; "none" = plain decoding rounds): the same counters per source
@@ -88,7 +90,7 @@ class DSparkStats:
         out = DSparkStats.new(max(self.block_size, other.block_size, len(self.proposed_at), len(other.proposed_at)))
         for s in (self, other):
             for name in ("rounds", "committed_tokens", "proposed_tokens", "accepted_tokens", "prefill_seconds",
-                         "draft_seconds", "verify_seconds"):
+                         "prompt_tokens", "reused_prompt_tokens", "draft_seconds", "verify_seconds"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
             for name in ("proposed_at", "reached_at", "accepted_at"):
                 dst = getattr(out, name)
@@ -102,6 +104,7 @@ class DSparkStats:
         return {"rounds": self.rounds, "tau": self.tau, "committed_tokens": self.committed_tokens,
                 "acceptance_rate": self.acceptance_rate, "conditional_acceptance": self.conditional_acceptance,
                 "unconditional_acceptance": self.unconditional_acceptance, "prefill_seconds": self.prefill_seconds,
+                "prompt_tokens": self.prompt_tokens, "reused_prompt_tokens": self.reused_prompt_tokens,
                 "draft_seconds": self.draft_seconds, "verify_seconds": self.verify_seconds,
                 "by_source": {name: child.to_dict() for name, child in self.by_source.items()}}
 
@@ -110,6 +113,9 @@ class DSparkStats:
         text = (f"DSpark: {self.committed_tokens} tokens in {self.rounds} rounds, tau={self.tau:.2f} (incl. bonus), "
                 f"acceptance {self.acceptance_rate:.1%}, per-position conditional [{cond}], "
                 f"time draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s")
+        if self.reused_prompt_tokens:
+            text += (f"; prefix cache: {self.reused_prompt_tokens} of {self.prompt_tokens} prompt tokens reused, "
+                     f"prefill {self.prefill_seconds:.2f}s")
         if self.by_source:
             text += "; by source: " + ", ".join(self.source_summary(name) for name in sorted(self.by_source))
         return text

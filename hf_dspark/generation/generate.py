@@ -22,6 +22,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..metrics import DSparkStats
+from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
 from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
@@ -29,6 +30,7 @@ from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
 from .lookup import LookupHistoryKey, LookupProposer
 from .memory import LONG_MATCH_TOKENS, memory_for
+from .prefix_cache import CachedPrefix
 from .processing import RowLogitsProcessor, adapt_for_rows
 from .ragged_batch import RaggedBatch
 from .row_tokens import RowTokens
@@ -122,7 +124,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_recorder=None, dspark_num_tokens: int | None = None,
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
-                  dspark_lookup_scope: str | None = None, dspark_step_cost=None, tokenizer=None, **model_kwargs):
+                  dspark_lookup_scope: str | None = None, dspark_prefix_cache: bool = True, dspark_step_cost=None,
+                  tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
@@ -132,7 +135,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     "only": lookup without running the drafter), ``dspark_lookup_scope`` (None, the default: each call's own
     prompt and output only; a string: calls with that scope reuse each other's output, as an agent's turns or one
     user's session may — never give two users one scope: acceptance timing can reveal the other's text) and
-    ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it.
+    ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it. Within a scope a batch-1 call also
+    keeps its caches for the next call of that scope, which prefills only the part of its prompt that is new (an
+    agent's growing conversation; ``generation/prefix_cache.py``); ``dspark_prefix_cache=False`` turns that off.
 
     Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round
     (0 = no drafting) and ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose
@@ -149,12 +154,14 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     _raise_if_unsupported(model, generation_config, cache)
-    cache = cache if cache is not None else DynamicCache(config=model.config)
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
+    prefix_key = _prefix_key(model, drafter, call, cache, dspark_lookup_scope if dspark_prefix_cache else None)
+    reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0]) if prefix_key is not None else None
+    cache = cache if cache is not None else DynamicCache(config=model.config)
     do_sample = bool(generation_config.do_sample)
     with TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
-        batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator)
+        batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,
                                     lookup=dspark_lookup if dspark_recorder is None else False,
@@ -166,12 +173,27 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             result = round_.run(batch, call.processor(active), call.budgets(active), do_sample=do_sample,
                                 generator=dspark_generator, tap=tap, row_ids=active)
             still = call.commit_round(active, result)
+            if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
+                memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter))
             batch.keep(still)
             active = [active[i] for i in still]
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
         call.end_lookup()
     return call.finish()
+
+
+def _prefix_key(model, drafter, call: "_GenerateCall", cache, scope: str | None):
+    """The prefix-cache key of this call, or None where caches are not kept: no scope (nothing is shared without
+    one), batch > 1 or a padded prompt (slots would not be positions), a caller's own non-empty cache, an
+    autoregressive drafter (its context state describes the last entry and cannot be cropped)."""
+    if scope is None or len(call.tokens) != 1 or call.tokens.num_pad[0]:
+        return None
+    if cache is not None and cache.get_seq_length():
+        return None
+    if architecture_of(drafter.config).autoregressive:
+        return None
+    return memory_for(model).prefix_key(scope, drafter)
 
 
 class _GenerateCall:
@@ -199,8 +221,11 @@ class _GenerateCall:
                 raise ValueError("Streamers support batch size 1 only (as in transformers).")
             streamer.put(input_ids.cpu())
 
-    def prefill(self, model, cache, tap, do_sample: bool, generator) -> tuple[RaggedBatch, list[int]]:
-        """The prompts through the target, the first token of every row, the batch of rows still running."""
+    def prefill(self, model, cache, tap, do_sample: bool, generator,
+                reused: tuple[CachedPrefix, int] | None = None) -> tuple[RaggedBatch, list[int]]:
+        """The prompts through the target, the first token of every row, the batch of rows still running.
+        ``reused``: an earlier call's caches holding this (batch-1) prompt's first ``r`` positions; only the rest
+        is prefilled."""
         start = time.perf_counter()
         tokens, mask = self.tokens, self.mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -212,9 +237,16 @@ class _GenerateCall:
             return pick_tokens(processed["logits"], do_sample, generator)
 
         own_lengths = [tokens.prompt_length - p for p in tokens.num_pad]
-        raw, first, draft_cache = prefill(model, self.input_ids, positions, cache, pick_first=pick_first,
-                                          attention_mask=mask, tap=tap, drafter=self.drafter, draft_cache=DraftCache(),
-                                          valid=mask.bool(), counts=own_lengths)
+        skip, draft_cache = 0, DraftCache()
+        if reused is not None:
+            entry, skip = reused
+            cache, draft_cache = entry.cache, entry.draft_cache
+        raw, first, draft_cache = prefill(model, self.input_ids[:, skip:], positions[:, skip:], cache,
+                                          pick_first=pick_first, attention_mask=mask, tap=tap, drafter=self.drafter,
+                                          draft_cache=draft_cache, valid=mask[:, skip:].bool(),
+                                          counts=[n - skip for n in own_lengths])
+        self.stats.prompt_tokens += sum(own_lengths)
+        self.stats.reused_prompt_tokens += skip
         draft_cache.reserve(self.max_length + self.drafter.config.block_size + 1)
         self.stats.prefill_seconds += time.perf_counter() - start
         active = []
@@ -230,6 +262,12 @@ class _GenerateCall:
                     draft_cache=draft_cache)
         batch.keep(active)
         return batch, active
+
+    def cached_prefix(self, batch: RaggedBatch, drafter) -> CachedPrefix:
+        """This (batch-1, finished) call's caches and the tokens at their positions, the drafter context complete."""
+        if drafter is not None:
+            batch.flush_context(drafter)
+        return CachedPrefix(list(self.tokens.host[0]), batch.cache, batch.draft_cache)
 
     def processor(self, active: list[int]) -> RowLogitsProcessor:
         return RowLogitsProcessor([self.row_processors[b] for b in active], tokens=self.tokens, rows=active)

@@ -20,6 +20,9 @@ DSpark-specific ``generate`` keywords (all optional):
 * ``dspark_confidence_threshold`` (finite float >= 0): a row's proposal stops at the first draft whose
   calibrated confidence is below it (default: the drafter config's ``confidence_threshold``); values above 1
   never draft.
+* ``dspark_lookup`` (True / False / "only"), ``dspark_lookup_scope`` (a caller's key: calls of one scope share their
+  lookup history and, at batch 1, their caches, so the next turn of a conversation prefills only its new tokens)
+  and ``dspark_prefix_cache`` (False: keep no caches for the scope): see ``generate.dspark_decode``.
 * ``generator`` (torch.Generator): seeds drafting and verification; ``dspark_recorder``: per-round records.
 """
 

@@ -1,12 +1,13 @@
 """What ``generate`` remembers across calls on one target: the verify policy's learned acceptance and step-time
-corrections, the measured step cost, the lookup calibrator and the lookup history.
+corrections, the measured step cost, the lookup calibrator, the lookup history and the prefix cache.
 
 Why: an agent loop is many short ``generate`` calls; a policy that forgot everything at every call would spend its
 first rounds of each one relearning what the drafter accepts, and the step cost would be read from disk (and
 spot-checked with a forward) every time. Everything here is per target object (a weak reference: it goes with the
 target), bounded, and cleared by ``hf_dspark.disable(target)`` / :func:`forget`. The lookup history is used
 only by calls that name a ``dspark_lookup_scope`` and shared only by calls with the same key (target, tokenizer,
-that scope); calls without one read and leave nothing there.
+that scope); calls without one read and leave nothing there. The same holds for the prefix cache (per scope and
+drafter: ``prefix_cache.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from ..scheduling.policies import ScheduledPolicy
 from .lookup import LookupHistory
 from .lookup_calibration import LookupCalibrator
+from .prefix_cache import PrefixCacheStore
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +39,17 @@ class SpeculationMemory:
     calibrator: LookupCalibrator = field(default_factory=LookupCalibrator)
     policies: dict = field(default_factory=dict)  # drafter token -> ScheduledPolicy
     costs: dict = field(default_factory=dict)  # (drafter token, rows, width) -> StepCostProfile
+    prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (scope, drafter token) -> caches
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def policy_for(self, drafter) -> ScheduledPolicy:
         with self.lock:
             # generate calls come and go: a drafter that keeps not paying is probed less and less often
             return self.policies.setdefault(_token(drafter), ScheduledPolicy(probe_backoff=2.0))
+
+    def prefix_key(self, scope: str, drafter) -> tuple[str, int]:
+        """Prefix-cache entries belong to a caller scope and to the drafter whose context they hold."""
+        return scope, _token(drafter)
 
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and

@@ -163,6 +163,18 @@ class DraftCache:
         self._valid = widen(self._valid, 1, False)
         self._positions = widen(self._positions, 1)
 
+    def truncate(self, length: int) -> None:
+        """Keep only slots [0, length) of every row (a later call reusing a prefix of this context). The tail
+        state of an autoregressive drafter describes the last entry, which this may drop: such caches refuse."""
+        if self.tail is not None:
+            raise ValueError("DraftCache.truncate: an autoregressive drafter's tail state cannot be truncated")
+        if self._valid is None or length >= self._num_slots:
+            return
+        length = max(int(length), 0)
+        self._valid[:, length:] = False  # nothing past the new pointers stays visible to a ragged row
+        self._ends = [min(end, length) for end in self._ends]
+        self._num_slots = max(self._ends, default=0)
+
     def select_rows(self, rows: torch.Tensor | Sequence[int]) -> "DraftCache":
         """A cache holding only ``rows`` (finished rows leave the batch)."""
         host_rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)

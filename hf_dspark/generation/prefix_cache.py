@@ -1,0 +1,114 @@
+"""Prefix caching across ``generate`` calls of one scope: the next turn of a conversation prefills only what is new.
+
+Why: an agent loop calls ``generate`` again and again on a conversation that only grows (the last prompt, the
+reply, a tool result, the next instruction). Plain ``generate`` prefills the whole history every call; on a CPU
+that is most of a turn (SmolLM2-135M: ~3–7 ms per prompt token, i.e. a 1,000-token history costs as much as ~50
+decoding steps). The call's own caches already hold every position it committed, so keeping them costs nothing
+until the next call, which crops them to the longest common prefix of its prompt and prefills the rest.
+
+What is kept, per (caller scope, drafter): the target's ``DynamicCache`` and the drafter's ``DraftCache`` of a
+batch-1 call, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no holes).
+Nothing is shared without a scope (acceptance and prefill timing would tell one user whether another's text
+began the same way), an entry is taken by the call that reuses it (one owner at a time: that call extends it in
+place), and the store is bounded in entries and tokens. Reused K/V were computed by other forward shapes than a
+fresh prefill would use (float rounding differs in the last bits, as in every speculative verify forward).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformers import DynamicCache
+
+from ..modeling.draft_cache import DraftCache
+
+logger = logging.getLogger(__name__)
+
+#: Prefix-cache limits per target: entries (scopes × drafters) and cached tokens over all entries.
+PREFIX_CACHE_ENTRIES = 8
+PREFIX_CACHE_TOKENS = 16_384
+#: Shorter common prefixes are prefilled afresh (cropping and bookkeeping would cost more than they save).
+MIN_REUSED_TOKENS = 16
+
+
+@dataclass
+class CachedPrefix:
+    """Caches of one finished call: ``token_ids[i]`` is the token whose K/V sits at slot (= position) i."""
+
+    token_ids: list[int]
+    cache: DynamicCache
+    draft_cache: DraftCache
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions both caches hold for tokens of ``token_ids`` (what a later call can reuse)."""
+        return min(len(self.token_ids), self.cache.get_seq_length(), self.draft_cache.num_slots)
+
+    def crop(self, length: int) -> None:
+        """Keep positions [0, length) in both caches (in place)."""
+        drop = self.cache.get_seq_length() - length
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers >= 5.24: a negative count is the number of slots to drop
+        self.draft_cache.truncate(length)
+        del self.token_ids[length:]
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixCacheStore:
+    """Bounded LRU of :class:`CachedPrefix` by key (scope, drafter); thread-safe."""
+
+    def __init__(self, max_entries: int = PREFIX_CACHE_ENTRIES, max_tokens: int = PREFIX_CACHE_TOKENS):
+        self.max_entries, self.max_tokens = int(max_entries), int(max_tokens)
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(entry.num_tokens for entry in self._entries.values())
+
+    def take(self, key, prompt_ids: Sequence[int]) -> tuple[CachedPrefix, int] | None:
+        """Remove the entry of ``key`` and return it cropped to what ``prompt_ids`` can reuse, with that length;
+        None when nothing useful is cached. At least the prompt's last token is left to prefill (its logits pick
+        the first new token)."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        reuse = min(common_prefix_length(entry.token_ids, prompt_ids), entry.num_tokens, len(prompt_ids) - 1)
+        if reuse < MIN_REUSED_TOKENS:
+            return None
+        entry.crop(reuse)
+        return entry, reuse
+
+    def put(self, key, entry: CachedPrefix) -> None:
+        """Keep ``entry`` for ``key`` (replacing the old one); evict least recently used entries over the limits."""
+        if entry.num_tokens > self.max_tokens or self.max_entries < 1:
+            return
+        with self._lock:
+            self._entries.pop(key, None)
+            self._entries[key] = entry
+            while len(self._entries) > self.max_entries or self.num_tokens > self.max_tokens:
+                evicted, _ = self._entries.popitem(last=False)
+                logger.debug("prefix cache: evicted %s", evicted)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "PREFIX_CACHE_ENTRIES", "PREFIX_CACHE_TOKENS", "PrefixCacheStore",
+           "common_prefix_length"]

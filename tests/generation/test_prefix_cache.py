@@ -1,0 +1,133 @@
+"""Prefix caching across generate calls of one scope: a conversation's next turn prefills only its new tokens, the
+output stays plain greedy's (and plain sampling's distribution), and nothing is kept or shared without a scope."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from scipy.stats import chi2_contingency
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.generation.memory import forget, memory_for
+from hf_dspark.generation.prefix_cache import MIN_REUSED_TOKENS, PrefixCacheStore, common_prefix_length
+from hf_dspark.scheduling import StepCostProfile
+
+
+def flat_cost() -> StepCostProfile:
+    widths = tuple(range(1, 25))
+    return StepCostProfile((1, 2), widths, tuple(tuple(0.01 for _ in widths) for _ in (1, 2)), (0.001, 0.001))
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = make_tiny_llama(seed=5)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    torch.manual_seed(4)
+    return DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+
+
+def generate(target, ids: list[int], **kwargs) -> list[int]:
+    x = torch.tensor([ids])
+    out = target.generate(x, attention_mask=torch.ones_like(x), pad_token_id=0, **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def conversation(target, draft, turns: int, **kwargs) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """An agent-like loop: each prompt is the previous prompt + its reply + a new message; returns the prompts,
+    the replies (hf-dspark) and the prompt tokens each call reused."""
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(3, 96, (40,), generator=g).tolist()
+    prompts, replies, reused = [], [], []
+    for _ in range(turns):
+        prompts.append(prompt)
+        replies.append(generate(target, prompt, assistant_model=draft, max_new_tokens=12, **kwargs))
+        reused.append(draft.stats.reused_prompt_tokens)
+        prompt = prompt + replies[-1] + torch.randint(3, 96, (9,), generator=g).tolist()
+    return prompts, replies, reused
+
+
+def test_a_scope_reuses_the_previous_turn_and_output_stays_plain(target, draft):
+    forget(target)
+    prompts, replies, reused = conversation(target, draft, 4, do_sample=False, dspark_lookup_scope="agent-1",
+                                            dspark_step_cost=flat_cost())
+    for prompt, reply in zip(prompts, replies):
+        assert reply == generate(target, prompt, do_sample=False, max_new_tokens=12)
+    assert reused[0] == 0
+    # every later turn reuses the whole previous prompt and all of the previous reply whose K/V was written
+    # (the last committed token is the anchor: its K/V is not in the cache yet)
+    for prev, reply, got in zip(prompts, replies, reused[1:]):
+        assert got == len(prev) + len(reply) - 1
+    assert draft.stats.prompt_tokens == len(prompts[-1])
+
+
+def test_nothing_is_kept_without_a_scope_or_when_turned_off(target, draft):
+    forget(target)
+    _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_step_cost=flat_cost())
+    assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
+    _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_lookup_scope="agent-1",
+                                dspark_prefix_cache=False, dspark_step_cost=flat_cost())
+    assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
+
+
+def test_scopes_do_not_share_and_a_diverging_prompt_reuses_only_the_common_part(target, draft):
+    forget(target)
+    kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
+    prompt = list(range(3, 63))
+    generate(target, prompt, dspark_lookup_scope="alice", **kwargs)
+    generate(target, prompt + [70, 71], dspark_lookup_scope="bob", **kwargs)
+    assert draft.stats.reused_prompt_tokens == 0  # alice's caches are not bob's
+    edited = prompt[:30] + [90] * 40
+    got = generate(target, edited, dspark_lookup_scope="alice", **kwargs)
+    assert draft.stats.reused_prompt_tokens == 30
+    assert got == generate(target, edited, do_sample=False, max_new_tokens=12)
+
+
+def test_sampling_with_a_reused_prefix_keeps_the_distribution(target, draft):
+    """χ² per position: second-turn samples with the first turn's caches reused vs plain sampling."""
+    forget(target)
+    first = list(range(3, 43))
+    counts = {"plain": [], "reused": []}
+    for i in range(300):
+        torch.manual_seed(i)
+        reply = generate(target, first, assistant_model=draft, do_sample=True, max_new_tokens=3,
+                         dspark_lookup_scope=f"s{i}", dspark_step_cost=flat_cost())
+        second = first + reply + [50, 51]
+        torch.manual_seed(10_000 + i)
+        counts["reused"].append(generate(target, second, assistant_model=draft, do_sample=True, max_new_tokens=3,
+                                         dspark_lookup_scope=f"s{i}", dspark_step_cost=flat_cost()))
+        assert draft.stats.reused_prompt_tokens == len(first) + len(reply) - 1
+        torch.manual_seed(20_000 + i)
+        counts["plain"].append(generate(target, second, do_sample=True, max_new_tokens=3))
+    forget(target)
+    # the second prompt differs per sample; pool positions by the token drawn (the statistic per position)
+    for pos in range(3):
+        a = torch.bincount(torch.tensor([c[pos] for c in counts["plain"]]), minlength=96)
+        b = torch.bincount(torch.tensor([c[pos] for c in counts["reused"]]), minlength=96)
+        table = torch.stack([a, b])
+        table = table[:, table.sum(0) > 0]
+        assert chi2_contingency(table.numpy())[1] > 1e-3
+
+
+def test_store_is_bounded_and_takes_what_the_prompt_shares():
+    assert common_prefix_length([1, 2, 3], [1, 2, 4]) == 2 and common_prefix_length([1], [1, 2]) == 1
+    store = PrefixCacheStore(max_entries=2, max_tokens=10_000)
+    assert store.take("k", list(range(50))) is None
+    target = make_tiny_llama(seed=0)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    for key in ("a", "b", "c"):
+        ids = torch.arange(3, 3 + 2 * MIN_REUSED_TOKENS)[None]
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=4,
+                        do_sample=False, pad_token_id=0, dspark_lookup_scope=key, dspark_step_cost=flat_cost())
+    prefixes = memory_for(target).prefixes
+    assert len(prefixes) == 3  # the target's own store (8 entries)
+    entry = next(iter(prefixes._entries.values()))
+    store.put("a", entry)
+    short = list(range(3, 3 + MIN_REUSED_TOKENS - 1)) + [99]
+    assert store.take("a", short) is None  # too short a common prefix: prefilled afresh (and the entry is gone)
+    assert len(store) == 0
