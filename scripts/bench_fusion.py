@@ -49,11 +49,15 @@ DEFAULT_ARMS = ("plain", "prompt lookup", "lookup only", "DSpark only", "fused")
 def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
     """Each hf-dspark arm keeps its own lookup-history scope: an arm may reuse text of its own earlier calls (as a
     user's later requests would), never the answer another arm just produced for the same input. "no proposals"
-    (hf-dspark's round with the "none" policy: every round one plain step) measures what the loop itself costs."""
+    (hf-dspark's round with the "none" policy: every round one plain step) measures what the loop itself costs.
+    A scope also keeps each call's caches for the scope's next call (the prefix cache); "fused, no prefix cache"
+    turns that off, so the difference to "fused" is what re-prefilling the conversation costs."""
     every = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": 10},
              "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_lookup_scope": "lookup"},
              "DSpark only": {"assistant_model": drafter, "dspark_lookup": False},
              "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"},
+             "fused, no prefix cache": {"assistant_model": drafter, "dspark_lookup_scope": "fused-nocache",
+                                        "dspark_prefix_cache": False},
              "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False}}
     unknown = set(names) - set(every)
     if unknown or not {"plain", "prompt lookup"} <= set(names):
@@ -187,7 +191,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--skip-benchmarks", action="store_true")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
-                   help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals)")
+                   help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals, "
+                        "fused, no prefix cache)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

@@ -1,10 +1,11 @@
 """Prefix caching across ``generate`` calls of one scope: the next turn of a conversation prefills only what is new.
 
 Why: an agent loop calls ``generate`` again and again on a conversation that only grows (the last prompt, the
-reply, a tool result, the next instruction). Plain ``generate`` prefills the whole history every call; on a CPU
-that is most of a turn (SmolLM2-135M: ~3–7 ms per prompt token, i.e. a 1,000-token history costs as much as ~50
-decoding steps). The call's own caches already hold every position it committed, so keeping them costs nothing
-until the next call, which crops them to the longest common prefix of its prompt and prefills the rest.
+reply, a tool result, the next instruction). Plain ``generate`` prefills the whole history every call, and for
+short replies on a long history that is most of a turn (SmolLM2-135M on a 2-core CPU: prefilling a 1,000-token
+history costs about as much as 40 decoding steps). The call's own caches already hold every position it
+committed, so keeping them costs nothing until the next call, which crops them to the longest common prefix of
+its prompt and prefills the rest.
 
 What is kept, per (caller scope, drafter): the target's ``DynamicCache`` and the drafter's ``DraftCache`` of a
 batch-1 call, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no holes).
