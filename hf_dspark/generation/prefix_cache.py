@@ -11,7 +11,7 @@ What is kept, per (caller scope, drafter): the target's ``DynamicCache`` and the
 batch-1 call, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no holes).
 Nothing is shared without a scope (acceptance and prefill timing would tell one user whether another's text
 began the same way), an entry is taken by the call that reuses it (one owner at a time: that call extends it in
-place), and the store is bounded in entries and tokens. Reused K/V were computed by other forward shapes than a
+place), and the store is bounded in entries and bytes. Reused K/V were computed by other forward shapes than a
 fresh prefill would use (float rounding differs in the last bits, as in every speculative verify forward).
 """
 
@@ -29,9 +29,10 @@ from ..modeling.draft_cache import DraftCache
 
 logger = logging.getLogger(__name__)
 
-#: Prefix-cache limits per target: entries (scopes × drafters) and cached tokens over all entries.
+#: Prefix-cache limits per target: entries (scopes × drafters) and the memory their caches hold (a 135M target keeps
+#: ~46 KB per token, a 7B one ~130 KB in bf16: 512 MiB is a few long conversations).
 PREFIX_CACHE_ENTRIES = 8
-PREFIX_CACHE_TOKENS = 16_384
+PREFIX_CACHE_BYTES = 512 * 2**20
 #: Shorter common prefixes are prefilled afresh (cropping and bookkeeping would cost more than they save).
 MIN_REUSED_TOKENS = 16
 
@@ -48,6 +49,13 @@ class CachedPrefix:
     def num_tokens(self) -> int:
         """Positions both caches hold for tokens of ``token_ids`` (what a later call can reuse)."""
         return min(len(self.token_ids), self.cache.get_seq_length(), self.draft_cache.num_slots)
+
+    @property
+    def num_bytes(self) -> int:
+        """Memory the two caches hold (their storage, which may be larger than the visible slots)."""
+        tensors = [t for layer in self.cache.layers for t in (layer.keys, layer.values) if t is not None]
+        tensors += [t for t in (*self.draft_cache._keys, *self.draft_cache._values) if t is not None]
+        return sum(t.untyped_storage().nbytes() for t in tensors)
 
     def crop(self, length: int) -> None:
         """Keep positions [0, length) in both caches (in place)."""
@@ -67,10 +75,11 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCacheStore:
-    """Bounded LRU of :class:`CachedPrefix` by key (scope, drafter); thread-safe."""
+    """Bounded LRU of :class:`CachedPrefix` by key (scope, drafter); thread-safe. ``max_entries`` / ``max_bytes``
+    may be changed at any time (``memory_for(target).prefixes.max_bytes = ...``; 0 keeps nothing)."""
 
-    def __init__(self, max_entries: int = PREFIX_CACHE_ENTRIES, max_tokens: int = PREFIX_CACHE_TOKENS):
-        self.max_entries, self.max_tokens = int(max_entries), int(max_tokens)
+    def __init__(self, max_entries: int = PREFIX_CACHE_ENTRIES, max_bytes: int = PREFIX_CACHE_BYTES):
+        self.max_entries, self.max_bytes = int(max_entries), int(max_bytes)
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -78,8 +87,8 @@ class PrefixCacheStore:
         return len(self._entries)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(entry.num_tokens for entry in self._entries.values())
+    def num_bytes(self) -> int:
+        return sum(entry.num_bytes for entry in self._entries.values())
 
     def take(self, key, prompt_ids: Sequence[int]) -> tuple[CachedPrefix, int] | None:
         """Remove the entry of ``key`` and return it cropped to what ``prompt_ids`` can reuse, with that length;
@@ -97,12 +106,12 @@ class PrefixCacheStore:
 
     def put(self, key, entry: CachedPrefix) -> None:
         """Keep ``entry`` for ``key`` (replacing the old one); evict least recently used entries over the limits."""
-        if entry.num_tokens > self.max_tokens or self.max_entries < 1:
+        if entry.num_bytes > self.max_bytes or self.max_entries < 1:
             return
         with self._lock:
             self._entries.pop(key, None)
             self._entries[key] = entry
-            while len(self._entries) > self.max_entries or self.num_tokens > self.max_tokens:
+            while len(self._entries) > self.max_entries or self.num_bytes > self.max_bytes:
                 evicted, _ = self._entries.popitem(last=False)
                 logger.debug("prefix cache: evicted %s", evicted)
 
@@ -111,5 +120,5 @@ class PrefixCacheStore:
             self._entries.clear()
 
 
-__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "PREFIX_CACHE_ENTRIES", "PREFIX_CACHE_TOKENS", "PrefixCacheStore",
+__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "PREFIX_CACHE_ENTRIES", "PrefixCacheStore",
            "common_prefix_length"]

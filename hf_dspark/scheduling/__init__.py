@@ -1,6 +1,7 @@
 """How much to verify each round, shared by ``generate`` and the serving engine: verify-length policies
-(policies.py: none / fixed / threshold / Algorithm 1 and its async variant, one registry) and the measured cost of
-a round on this machine (step_cost.py: SPS(B) and the padded drafter + verify step cost)."""
+(policies.py: none / fixed / threshold / Algorithm 1 and its async variant, one registry; throughput.py: the
+arithmetic of Algorithm 1 they share) and the measured cost of a round on this machine (step_cost.py: SPS(B) and
+the padded drafter + verify step cost)."""
 
 from .policies import (
     AsyncScheduledPolicy,

@@ -116,7 +116,7 @@ def test_sampling_with_a_reused_prefix_keeps_the_distribution(target, draft):
 
 def test_store_is_bounded_and_takes_what_the_prompt_shares():
     assert common_prefix_length([1, 2, 3], [1, 2, 4]) == 2 and common_prefix_length([1], [1, 2]) == 1
-    store = PrefixCacheStore(max_entries=2, max_tokens=10_000)
+    store = PrefixCacheStore(max_entries=2, max_bytes=2**30)
     assert store.take("k", list(range(50))) is None
     target = make_tiny_llama(seed=0)
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
@@ -131,3 +131,13 @@ def test_store_is_bounded_and_takes_what_the_prompt_shares():
     short = list(range(3, 3 + MIN_REUSED_TOKENS - 1)) + [99]
     assert store.take("a", short) is None  # too short a common prefix: prefilled afresh (and the entry is gone)
     assert len(store) == 0
+    entries = list(prefixes._entries.values())
+    for key, entry in zip("xyz", entries):
+        store.put(key, entry)
+    assert len(store) == 2 and "x" not in store._entries  # least recently used evicted past max_entries
+    store.max_bytes = max(e.num_bytes for e in entries)  # room for one entry only (they are the same size)
+    store.put("w", entries[0])
+    assert list(store._entries) == ["w"] and store.num_bytes <= store.max_bytes
+    store.max_bytes = 0
+    store.put("v", entries[1])
+    assert "v" not in store._entries  # larger than the whole budget: not kept
