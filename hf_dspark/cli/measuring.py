@@ -263,6 +263,10 @@ def add_serve_bench(sub) -> None:
                    help="runs per (concurrency, policy), order rotated; the summary, table and plot use medians")
     p.add_argument("--prepack", action="store_true", help="oneDNN-prepacked linears (hf_dspark.cpu_kernels)")
     p.add_argument("--sps-repeats", type=int, default=3, help="timed repeats per step-cost grid point")
+    p.add_argument("--step-cost", choices=("engine", "shared"), default="engine",
+                   help="engine: every engine measures its own step cost (cached on disk) and corrects it by wall "
+                        "time, as DSparkEngine does by default; shared: one table measured up front, fixed for "
+                        "every engine (decisions independent of the machine's load during the run)")
     p.add_argument("--max-prefill-tokens", type=int, default=2048)
     p.add_argument("--out", default="runs/bench_serving")
     p.set_defaults(func=cmd_serve_bench, default_log_level="info")
@@ -275,6 +279,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     from ..evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, run_serving_bench,
                                             serving_prompts, summary_table)
     from ..loading import load_drafter, load_target
+    from ..generation.memory import LONG_MATCH_TOKENS
     from ..serving import DSparkEngine, profile_step_cost
 
     torch.set_num_threads(args.threads)
@@ -300,16 +305,21 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     print(f"target {target_name}, drafter: {drafter.source}; {len(prompts)} prompts, policies "
           f"{list(settings.policies)}, concurrency {list(settings.levels)}", flush=True)
     # the engine's real step on this machine: drafter pass for R requests + padded verify of R rows × W tokens
-    sps = profile_step_cost(target, drafter.model, max_rows=max(settings.levels), max_width=1 + gamma,
-                            repeats=args.sps_repeats, cache_dir=sps_cache_dir)
+    sps = None
+    if args.step_cost == "shared":
+        sps = profile_step_cost(target, drafter.model, max_rows=max(settings.levels),
+                                max_width=1 + max(gamma, LONG_MATCH_TOKENS), repeats=args.sps_repeats,
+                                cache_dir=sps_cache_dir)
     DSparkEngine(target, drafter.model, "fixed", sps=sps).generate([prompts[0][1]], 4)  # warm-up, not measured
-    results = run_serving_bench(target, drafter.model, tokenizer, prompts, sps, settings)
+    results = run_serving_bench(target, drafter.model, tokenizer, prompts, sps, settings,
+                                sps_cache_dir=sps_cache_dir)
     summary = median_over_repeats(results)
     print("\n" + summary_table(summary, settings.policies, settings.levels))
     report = {"target": target_name, "drafter": drafter.source, "drafter_trained": drafter.trained,
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack, "torch": torch.__version__,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
-              "repeats": args.repeats, "step_cost": sps.to_dict(), "summary": summary, "results": results}
+              "repeats": args.repeats, "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
+              "summary": summary, "results": results}
     (out_dir / "results.json").write_text(json.dumps(report, indent=1))
     title = (f"DSparkEngine on {args.target or 'SmolLM2-135M'} ({'trained' if drafter.trained else 'UNTRAINED'} "
              f"drafter, {args.threads} threads)")

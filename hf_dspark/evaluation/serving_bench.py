@@ -114,9 +114,11 @@ def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concur
 
 
 def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[int]]], sps,
-                      settings: ServingBenchSettings) -> list[dict]:
+                      settings: ServingBenchSettings, sps_cache_dir: str | None = None) -> list[dict]:
     """Every (concurrency, repeat, policy) cell on the same request stream; one record per cell. Greedy runs also
-    record how often the batched outputs equal the first policy's (``greedy_agreement``)."""
+    record how often the batched outputs equal the first policy's (``greedy_agreement``). ``sps`` None: every
+    engine measures its own step cost (disk cache ``sps_cache_dir``) and corrects it by wall time, as by default;
+    a profile or table: every engine uses it as it is."""
     widest = max(drafter.config.block_size, LONG_MATCH_TOKENS)  # a lookup proposal may exceed the block
     slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + widest + 1
     sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {}
@@ -131,7 +133,8 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                 name, kwargs, engine_kwargs = parse_policy(label, settings.threshold)
                 draft = engine_kwargs.pop("draft", drafter if name != "none" else None)
                 engine = DSparkEngine(target, draft, name, policy_kwargs=kwargs, sps=sps,
-                                      max_running_requests=concurrency, max_batch_tokens=concurrency * slots,
+                                      sps_cache_dir=sps_cache_dir, max_running_requests=concurrency,
+                                      max_batch_tokens=concurrency * slots,
                                       max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer,
                                       **engine_kwargs)
                 if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream

@@ -30,7 +30,7 @@ from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
 from .lookup import LookupHistoryKey, LookupProposer
 from .memory import LONG_MATCH_TOKENS, memory_for
-from .prefix_cache import CachedPrefix
+from .prefix_cache import CachedPrefix, weights_signature
 from .processing import RowLogitsProcessor, adapt_for_rows
 from .ragged_batch import RaggedBatch
 from .row_tokens import RowTokens
@@ -157,7 +157,10 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     prefix_key = _prefix_key(model, drafter, call, cache, dspark_lookup_scope if dspark_prefix_cache else None)
-    reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0]) if prefix_key is not None else None
+    weights, reused = (), None
+    if prefix_key is not None:
+        weights = weights_signature(model, drafter)
+        reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else DynamicCache(config=model.config)
     do_sample = bool(generation_config.do_sample)
     with TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
@@ -174,7 +177,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                 generator=dspark_generator, tap=tap, row_ids=active)
             still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
-                memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter))
+                memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
             batch.keep(still)
             active = [active[i] for i in still]
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
@@ -263,11 +266,11 @@ class _GenerateCall:
         batch.keep(active)
         return batch, active
 
-    def cached_prefix(self, batch: RaggedBatch, drafter) -> CachedPrefix:
+    def cached_prefix(self, batch: RaggedBatch, drafter, weights: tuple) -> CachedPrefix:
         """This (batch-1, finished) call's caches and the tokens at their positions, the drafter context complete."""
         if drafter is not None:
             batch.flush_context(drafter)
-        return CachedPrefix(list(self.tokens.host[0]), batch.cache, batch.draft_cache)
+        return CachedPrefix(list(self.tokens.host[0]), batch.cache, batch.draft_cache, weights)
 
     def processor(self, active: list[int]) -> RowLogitsProcessor:
         return RowLogitsProcessor([self.row_processors[b] for b in active], tokens=self.tokens, rows=active)

@@ -10,8 +10,9 @@ its prompt and prefills the rest.
 What is kept, per (caller scope, drafter): the target's ``DynamicCache`` and the drafter's ``DraftCache`` of a
 batch-1 call, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no holes).
 Nothing is shared without a scope (acceptance and prefill timing would tell one user whether another's text
-began the same way), an entry is taken by the call that reuses it (one owner at a time: that call extends it in
-place), and the store is bounded in entries and bytes. Reused K/V were computed by other forward shapes than a
+began the same way), nothing computed by other weights is reused (``weights_signature``), an entry is taken by
+the call that reuses it (one owner at a time: that call extends it in place), and the store is bounded in entries
+and bytes. Reused K/V were computed by other forward shapes than a
 fresh prefill would use (float rounding differs in the last bits, as in every speculative verify forward).
 """
 
@@ -37,13 +38,21 @@ PREFIX_CACHE_BYTES = 512 * 2**20
 MIN_REUSED_TOKENS = 16
 
 
+def weights_signature(*models) -> tuple:
+    """Which weights computed a cache: every parameter's storage and in-place version counter (an optimizer step,
+    ``load_state_dict``, a dtype or device move all change it), so K/V of other weights are never reused."""
+    return tuple((p.data_ptr(), p._version) for model in models for p in model.parameters())
+
+
 @dataclass
 class CachedPrefix:
-    """Caches of one finished call: ``token_ids[i]`` is the token whose K/V sits at slot (= position) i."""
+    """Caches of one finished call: ``token_ids[i]`` is the token whose K/V sits at slot (= position) i;
+    ``weights``: the :func:`weights_signature` of the target and drafter that computed them."""
 
     token_ids: list[int]
     cache: DynamicCache
     draft_cache: DraftCache
+    weights: tuple = ()
 
     @property
     def num_tokens(self) -> int:
@@ -90,13 +99,16 @@ class PrefixCacheStore:
     def num_bytes(self) -> int:
         return sum(entry.num_bytes for entry in self._entries.values())
 
-    def take(self, key, prompt_ids: Sequence[int]) -> tuple[CachedPrefix, int] | None:
+    def take(self, key, prompt_ids: Sequence[int], weights: tuple = ()) -> tuple[CachedPrefix, int] | None:
         """Remove the entry of ``key`` and return it cropped to what ``prompt_ids`` can reuse, with that length;
-        None when nothing useful is cached. At least the prompt's last token is left to prefill (its logits pick
-        the first new token)."""
+        None when nothing useful is cached (or it was computed by other ``weights``: then it is dropped). At least
+        the prompt's last token is left to prefill (its logits pick the first new token)."""
         with self._lock:
             entry = self._entries.pop(key, None)
         if entry is None:
+            return None
+        if entry.weights != weights:
+            logger.info("prefix cache: the weights changed since %s was cached; prefilling afresh", key)
             return None
         reuse = min(common_prefix_length(entry.token_ids, prompt_ids), entry.num_tokens, len(prompt_ids) - 1)
         if reuse < MIN_REUSED_TOKENS:
@@ -120,5 +132,5 @@ class PrefixCacheStore:
             self._entries.clear()
 
 
-__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "PREFIX_CACHE_ENTRIES", "PrefixCacheStore",
+__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "weights_signature", "PREFIX_CACHE_BYTES", "PREFIX_CACHE_ENTRIES", "PrefixCacheStore",
            "common_prefix_length"]

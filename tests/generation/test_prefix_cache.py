@@ -141,3 +141,23 @@ def test_store_is_bounded_and_takes_what_the_prompt_shares():
     store.max_bytes = 0
     store.put("v", entries[1])
     assert "v" not in store._entries  # larger than the whole budget: not kept
+
+
+def test_changed_weights_are_never_served_from_the_cache():
+    """An in-place update of the target's weights (an optimizer step, load_state_dict) between two calls of a scope
+    makes the cached K/V stale: the next call prefills afresh and equals plain greedy of the new weights."""
+    model = make_tiny_llama(seed=7)
+    model.generation_config.eos_token_id = None
+    drafter = DSparkDraftModel.from_target(model, num_layers=1, block_size=4, markov_rank=8).eval()
+    kwargs = dict(do_sample=False, max_new_tokens=8, assistant_model=drafter, dspark_lookup_scope="s",
+                  dspark_step_cost=flat_cost())
+    prompt = list(range(3, 43))
+    reply = generate(model, prompt, **kwargs)
+    with torch.no_grad():
+        model.get_decoder().layers[0].mlp.down_proj.weight.mul_(1.5)
+    follow_up = prompt + reply + [7, 8]
+    got = generate(model, follow_up, **kwargs)
+    assert drafter.stats.reused_prompt_tokens == 0
+    assert got == generate(model, follow_up, do_sample=False, max_new_tokens=8)
+    generate(model, follow_up + got + [9], **kwargs)
+    assert drafter.stats.reused_prompt_tokens > 0  # unchanged weights since the last call: reused again
