@@ -31,6 +31,17 @@ def make_tiny_llama(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_V
     return LlamaForCausalLM(cfg).eval()
 
 
+def flat_cost(max_rows: int = 512, max_width: int = 24):
+    """A machine where verifying more tokens is free: every width with positive survival is worth verifying (a
+    fixed step cost keeps scheduling decisions independent of this machine's timing)."""
+    from hf_dspark.scheduling import StepCostProfile
+
+    rows = tuple(r for r in (1, 2, 4, 8, 16, 64, 512) if r <= max_rows)
+    widths = tuple(range(1, max_width + 1))
+    return StepCostProfile(rows, widths, tuple(tuple(0.01 for _ in widths) for _ in rows),
+                           tuple(0.001 for _ in rows))
+
+
 def make_tiny_qwen3(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_VOCAB):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -130,8 +130,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
     this machine's measured step cost (profiled once, cached): per row it takes the lookup proposal (drafts
-    copied from the row's context or, within a lookup scope, earlier calls), the drafter's block, or nothing, and verifies as far as
-    it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
+    copied from the row's context or, within a lookup scope, earlier calls), the drafter's block, or nothing, and
+    verifies as far as it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
     "only": lookup without running the drafter), ``dspark_lookup_scope`` (None, the default: each call's own
     prompt and output only; a string: calls with that scope reuse each other's output, as an agent's turns or one
     user's session may — never give two users one scope: acceptance timing can reveal the other's text) and

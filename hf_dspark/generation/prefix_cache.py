@@ -12,8 +12,8 @@ batch-1 call, and the token ids whose positions they hold (slot i = position i: 
 Nothing is shared without a scope (acceptance and prefill timing would tell one user whether another's text
 began the same way), nothing computed by other weights is reused (``weights_signature``), an entry is taken by
 the call that reuses it (one owner at a time: that call extends it in place), and the store is bounded in entries
-and bytes. Reused K/V were computed by other forward shapes than a
-fresh prefill would use (float rounding differs in the last bits, as in every speculative verify forward).
+and bytes. Reused K/V were computed by other forward shapes than a fresh prefill would use (float rounding differs
+in the last bits, as in every speculative verify forward).
 """
 
 from __future__ import annotations
@@ -62,9 +62,8 @@ class CachedPrefix:
     @property
     def num_bytes(self) -> int:
         """Memory the two caches hold (their storage, which may be larger than the visible slots)."""
-        tensors = [t for layer in self.cache.layers for t in (layer.keys, layer.values) if t is not None]
-        tensors += [t for t in (*self.draft_cache._keys, *self.draft_cache._values) if t is not None]
-        return sum(t.untyped_storage().nbytes() for t in tensors)
+        target = [t for layer in self.cache.layers for t in (layer.keys, layer.values) if t is not None]
+        return sum(t.untyped_storage().nbytes() for t in target) + self.draft_cache.storage_bytes
 
     def crop(self, length: int) -> None:
         """Keep positions [0, length) in both caches (in place)."""
@@ -132,5 +131,5 @@ class PrefixCacheStore:
             self._entries.clear()
 
 
-__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "weights_signature", "PREFIX_CACHE_BYTES", "PREFIX_CACHE_ENTRIES", "PrefixCacheStore",
-           "common_prefix_length"]
+__all__ = ["CachedPrefix", "MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "PREFIX_CACHE_ENTRIES", "PrefixCacheStore",
+           "common_prefix_length", "weights_signature"]

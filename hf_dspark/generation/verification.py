@@ -119,7 +119,8 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
 
 
-def _verify_greedy(draft_tokens: torch.Tensor, proposed: torch.Tensor, target_logits: torch.Tensor) -> VerificationResult:
+def _verify_greedy(draft_tokens: torch.Tensor, proposed: torch.Tensor,
+                   target_logits: torch.Tensor) -> VerificationResult:
     """Exact greedy matching, in few device ops (it runs every round): an accepted draft *is* the target's argmax
     at its position, so the committed tokens are the argmax up to and including the first mismatch."""
     gamma = draft_tokens.shape[1]

@@ -51,6 +51,13 @@ class DraftCache:
         return self._dense
 
     @property
+    def storage_bytes(self) -> int:
+        """Memory the cache holds (its preallocated storage, not only the visible slots)."""
+        tensors = [t for t in (*self._keys, *self._values, self._valid, self._positions, self.tail,
+                               self.tail_positions) if t is not None]
+        return sum(t.untyped_storage().nbytes() for t in tensors)
+
+    @property
     def num_rows(self) -> int:
         return len(self._ends)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import flat_cost, make_tiny_llama
 from scipy.stats import chi2_contingency
 
 import hf_dspark.generation.speculative_round as round_module
@@ -15,14 +15,6 @@ from hf_dspark.generation.memory import forget, memory_for
 from hf_dspark.scheduling import StepCostProfile
 
 VOCAB = 16
-
-
-def flat_cost(max_rows: int = 512, max_width: int = 24) -> StepCostProfile:
-    """A machine where verifying more tokens is free: every width with positive survival is worth verifying."""
-    rows = tuple(r for r in (1, 2, 4, 8, 16, 64, 512) if r <= max_rows)
-    widths = tuple(range(1, max_width + 1))
-    return StepCostProfile(rows, widths, tuple(tuple(0.01 for _ in widths) for _ in rows),
-                           tuple(0.001 for _ in rows))
 
 
 @pytest.fixture(scope="module")

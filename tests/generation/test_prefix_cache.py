@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import flat_cost, make_tiny_llama
 from scipy.stats import chi2_contingency
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.generation.memory import forget, memory_for
 from hf_dspark.generation.prefix_cache import MIN_REUSED_TOKENS, PrefixCacheStore, common_prefix_length
-from hf_dspark.scheduling import StepCostProfile
-
-
-def flat_cost() -> StepCostProfile:
-    widths = tuple(range(1, 25))
-    return StepCostProfile((1, 2), widths, tuple(tuple(0.01 for _ in widths) for _ in (1, 2)), (0.001, 0.001))
 
 
 @pytest.fixture(scope="module")
