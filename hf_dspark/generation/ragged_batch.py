@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..modeling.draft_cache import DraftCache
+from ..modeling.draft_cache import ContextUpdate, DraftCache
 from ..modeling.target_support import cache_kwarg  # noqa: F401 (re-exported: this is where callers looked for it)
 
 
@@ -139,7 +139,7 @@ class RaggedBatch:
         self.host_valid: list[int] = []  # committed slots per row in the target cache
         self.host_trailing: list[int] = []  # trailing holes per row
         self.host_positions: list[int] = []  # anchor position per row
-        self._pending: list[tuple[torch.Tensor, ...]] = []  # deferred (features, positions, valid, next_ids, counts)
+        self._pending: list[ContextUpdate] = []  # deferred drafter context, one entry per round
 
     def __len__(self) -> int:
         return self.anchors.shape[0]
@@ -196,8 +196,10 @@ class RaggedBatch:
         self.mask = self.mask[index]
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(rows)
-        self._pending = [tuple(t[index] if isinstance(t, torch.Tensor) else None if t is None else [t[r] for r in rows]
-                               for t in part) for part in self._pending]
+        self._pending = [ContextUpdate(part.features[index], part.positions[index], part.valid[index],
+                                       None if part.next_ids is None else part.next_ids[index],
+                                       None if part.counts is None else [part.counts[r] for r in rows])
+                         for part in self._pending]
         self.anchors, self.anchor_positions = self.anchors[index], self.anchor_positions[index]
         self.host_valid = [self.host_valid[r] for r in rows]
         self.host_trailing = [self.host_trailing[r] for r in rows]
@@ -238,25 +240,33 @@ class RaggedBatch:
         """Remember one round's target features [R, W, m·d] (slots at ``positions``, committed where ``valid``;
         ``next_ids`` the token after each slot, for autoregressive drafters; ``counts`` the committed slots per
         row on the host); nothing is computed until :meth:`flush_context`."""
-        self._pending.append((features, positions, valid, next_ids, None if counts is None else list(counts)))
+        self._pending.append(ContextUpdate(features, positions, valid, next_ids,
+                                           None if counts is None else list(counts)))
+
+    def take_context(self) -> ContextUpdate | None:
+        """Every deferred round joined into one update (None when nothing is deferred), handed to a drafter that
+        projects it in its drafting pass (``DrafterArchitecture.fuses_context``); the batch forgets it."""
+        pending, self._pending = self._pending, []
+        if len(pending) <= 1:
+            return pending[0] if pending else None
+
+        def joined(name: str) -> torch.Tensor:
+            return torch.cat([getattr(part, name) for part in pending], dim=1)
+
+        next_ids = joined("next_ids") if all(part.next_ids is not None for part in pending) else None
+        host_counts = [part.counts for part in pending]
+        counts = [sum(c) for c in zip(*host_counts)] if all(c is not None for c in host_counts) else None
+        return ContextUpdate(joined("features"), joined("positions"), joined("valid"), next_ids, counts)
 
     def flush_context(self, draft) -> None:
         """Project every deferred round into ``draft_cache`` at once, packed (slot order is irrelevant to the
         drafter: its attention masks by position and validity)."""
-        if not self._pending:
+        update = self.take_context()
+        if update is None:
             return
-        def joined(i: int) -> torch.Tensor:
-            parts = [part[i] for part in self._pending]
-            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-        features, positions, valid = joined(0), joined(1), joined(2)
-        next_ids = joined(3) if all(part[3] is not None for part in self._pending) else None
-        host_counts = [part[4] for part in self._pending]
-        counts = [sum(c) for c in zip(*host_counts)] if all(c is not None for c in host_counts) else None
-        self._pending = []
         cache = self.draft_cache if self.draft_cache is not None else DraftCache()
-        self.draft_cache = draft.extend_context(cache, features, positions, valid, next_ids, packed=True,
-                                                counts=counts)
+        self.draft_cache = draft.extend_context(cache, update.features, update.positions, update.valid,
+                                                update.next_ids, packed=True, counts=update.counts)
 
     # -- holes ------------------------------------------------------------------------------------------------
     def removable_slots(self) -> int:

@@ -20,6 +20,7 @@ class DrafterArchitecture:
     servable: bool = True  # DSparkEngine can run it (the shared round)
     exports_to_speculators: bool = False  # hub.export can write speculators' layout for it
     autoregressive: bool = False  # one pass per draft; extend_context reads next_ids
+    fuses_context: bool = False  # draft_block(new_context=) projects committed context in the drafting pass
     label: str | None = None  # name in reports; None = by head ("DSpark" with a sequential head, "DFlash" without)
     baseline_loss: bool = False  # trains with cross-entropy only, whatever its head
 

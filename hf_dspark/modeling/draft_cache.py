@@ -16,8 +16,31 @@ tensors (``DraftCache(keys, values, valid, positions)``) may hold holes anywhere
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class ContextUpdate:
+    """Committed positions not in the drafter cache yet: raw target taps ``features`` [R, n, m·d] at
+    ``positions`` [R, n], committed where ``valid`` [R, n]; ``next_ids`` [R, n] the token after each position
+    (autoregressive drafters), ``counts`` [R] the committed entries per row on the host (None: read them)."""
+
+    features: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    next_ids: torch.Tensor | None = None
+    counts: list[int] | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def all_valid(self) -> bool:
+        """Every slot of every row is committed (host fact from ``counts``; False when unknown)."""
+        return self.counts is not None and all(c == self.num_slots for c in self.counts)
 
 
 class DraftCache:
@@ -197,4 +220,4 @@ class DraftCache:
         return out
 
 
-__all__ = ["DraftCache"]
+__all__ = ["ContextUpdate", "DraftCache"]

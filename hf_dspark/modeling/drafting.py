@@ -122,14 +122,14 @@ def draft_block(model, cache: DraftCache, anchor_ids: torch.Tensor, anchor_posit
                 generator: torch.Generator | Sequence[torch.Generator] | None = None,
                 confidence_threshold: float | None = None, greedy_rows: torch.Tensor | Sequence[bool] | None = None,
                 sequential_top_k: int | None = None, early_exit: bool | None = None,
-                context_precedes_anchors: bool = False) -> DraftBlock:
+                context_precedes_anchors: bool = False, new_context=None) -> DraftBlock:
     """See :meth:`DSparkDraftModel.draft_block`."""
     gamma = min(model.config.block_size if num_tokens is None else num_tokens, model.config.block_size)
     greedy = _resolve_greedy(do_sample, greedy_rows)
     threshold = model.config.confidence_threshold if confidence_threshold is None else confidence_threshold
     top_k = model.config.sequential_top_k if sequential_top_k is None else sequential_top_k
-    hidden = model.forward_block(cache, anchor_ids, anchor_positions,
-                                 context_precedes_anchors=context_precedes_anchors)[:, :gamma]
+    hidden = model.forward_block(cache, anchor_ids, anchor_positions, context_precedes_anchors=context_precedes_anchors,
+                                 new_context=new_context)[:, :gamma]
     head = model.markov_head
     bsz, device = hidden.shape[0], hidden.device
     # Under a threshold, c_k (a function of h_k and x_<k only) is evaluated before slot k is drafted, and

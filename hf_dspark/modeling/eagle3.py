@@ -25,7 +25,8 @@ from torch import nn
 from .draft_cache import DraftCache
 from .drafting import DraftBlock, draw_draft_token
 from .architectures import DrafterArchitecture, register_drafter_architecture
-from .modeling import DraftAttention, DraftMLP, DSparkDraftModel, RMSNorm
+from .layers import DraftAttention, DraftMLP, RMSNorm
+from .modeling import DSparkDraftModel
 
 
 class Eagle3Layer(nn.Module):

@@ -23,111 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
-from transformers.activations import ACT2FN
 
 from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequential_head, register_drafter_architecture
 from .configuration import DSparkConfig
-from .draft_cache import DraftCache
+from .draft_cache import ContextUpdate, DraftCache
 from .drafting import DraftBlock, calibrated_confidence, draft_block, draw_draft_token  # noqa: F401 (re-exported)
-from .families import TargetFamily, get_target_family
+from .families import get_target_family
 from .heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
+from .layers import DraftAttention, DraftDecoderLayer, DraftMLP, RMSNorm  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, n, hd], cos/sin [B, n, hd] (the HF rotary convention: halves rotated)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class DraftAttention(nn.Module):
-    """GQA attention whose keys/values are [context K/V ; block K/V]; queries are the block only."""
-
-    def __init__(self, tcfg, family: TargetFamily, input_size: int | None = None):
-        super().__init__()
-        self.num_heads = tcfg.num_attention_heads
-        self.num_kv_heads = tcfg.num_key_value_heads
-        self.head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads
-        d, qkv_bias = tcfg.hidden_size, family.qkv_bias(tcfg)
-        n_in = input_size or d  # Eagle3's layer reads [token embedding ; feature] (2d) and writes d
-        self.q_proj = nn.Linear(n_in, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(n_in, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(n_in, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=family.o_bias(tcfg))
-        if family.use_qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, tcfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, tcfg.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-
-    def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
-        return x.view(*x.shape[:2], num_heads, self.head_dim).transpose(1, 2)  # [B, H, n, hd]
-
-    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, n, d] -> post-norm, post-RoPE keys and values [B, Hkv, n, hd]."""
-        k = self._heads(self.k_proj(x), self.num_kv_heads)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        return _apply_rotary(k, cos, sin), self._heads(self.v_proj(x), self.num_kv_heads)
-
-    def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [B, n, d] -> post-norm, post-RoPE queries [B, H, n, hd]."""
-        q = self._heads(self.q_proj(x), self.num_heads)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return _apply_rotary(q, cos, sin)
-
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
-        """x [B, q, d]; ctx_k/v [B, Hkv, S, hd]; mask [B, 1, q, S + q] bool (True = attend)."""
-        q = self.project_q(x, cos, sin)
-        k, v = self.project_kv(x, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
-
-
-class DraftMLP(nn.Module):
-    def __init__(self, tcfg, family: TargetFamily):
-        super().__init__()
-        d, ffn, bias = tcfg.hidden_size, tcfg.intermediate_size, family.mlp_bias(tcfg)
-        self.gate_proj = nn.Linear(d, ffn, bias=bias)
-        self.up_proj = nn.Linear(d, ffn, bias=bias)
-        self.down_proj = nn.Linear(ffn, d, bias=bias)
-        self.act_fn = ACT2FN[getattr(tcfg, "hidden_act", "silu")]
-
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DraftDecoderLayer(nn.Module):
-    """Pre-norm decoder layer with the target's shapes; the context enters only through K/V."""
-
-    def __init__(self, tcfg, family: TargetFamily):
-        super().__init__()
-        self.self_attn = DraftAttention(tcfg, family)
-        self.mlp = DraftMLP(tcfg, family)
-        self.input_layernorm = RMSNorm(tcfg.hidden_size, tcfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(tcfg.hidden_size, tcfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 # Callables run with the target whenever a drafter is bound to it (layers above modeling register here, so
@@ -415,39 +320,56 @@ class DSparkDraftModel(PreTrainedModel):
         cache.append([k for k, _ in kv], [v for _, v in kv], valid, positions, packed=packed, counts=counts)
         return cache
 
-    def _run_layers(self, x, cos, sin, ctx_keys, ctx_values, mask) -> torch.Tensor:
+    def _run_layers(self, x, cos, sin, ctx_keys, ctx_values, mask, new_context=None, new_kv=None) -> torch.Tensor:
         for layer, ctx_k, ctx_v in zip(self.layers, ctx_keys, ctx_values):
-            x = layer(x, cos, sin, ctx_k, ctx_v, mask)
+            x = layer(x, cos, sin, ctx_k, ctx_v, mask, new_context, new_kv)
         return self.norm(x)
 
     def forward_block(self, cache: DraftCache, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, *,
-                      context_precedes_anchors: bool = False) -> torch.Tensor:
+                      context_precedes_anchors: bool = False,
+                      new_context: ContextUpdate | None = None) -> torch.Tensor:
         """Final-normed hidden states [B, block_size, d] of the predicting slots of the block [anchor, MASK, ...].
 
         The backbone runs ``block_size + num_unpredicted_slots`` slots at positions p, p+1, ...; the leading
         ``num_unpredicted_slots`` (upstream DFlash: the anchor slot) are dropped, so row k is always the state
         that drafts token p+k+1. ``context_precedes_anchors``: the caller guarantees every cached position lies
         before its row's anchor (the speculative round's cache holds exactly the committed context); with a
-        dense cache the attention mask is then all-True and is not built (SDPA's unmasked path)."""
+        dense cache the attention mask is then all-True and is not built (SDPA's unmasked path).
+
+        ``new_context``: committed positions (before the anchors) that are not cached yet. They are projected
+        in this pass, each layer's keys/values of [context ; block] in one projection (DFlash's reference does
+        the same), attended like cached context, and appended to ``cache`` (packed) afterwards: the same
+        states as :meth:`extend_context` followed by this method, in about half the ops."""
         lead = getattr(self.config, "num_unpredicted_slots", 0)
         bsz, gamma = anchor_ids.shape[0], self.config.block_size + lead
         block_ids = anchor_ids.new_full((bsz, gamma), self.config.mask_token_id)
         block_ids[:, 0] = anchor_ids
         positions = anchor_positions[:, None] + torch.arange(gamma, device=anchor_ids.device)
         x = self.embed(block_ids)
-        cos, sin = self.rotary_emb(x, positions)
+        fresh = new_context is not None and new_context.num_slots > 0
+        ctx = self.fuse_features(new_context.features) if fresh else None
+        cos, sin = self.rotary_emb(x, torch.cat([new_context.positions, positions], dim=1) if fresh else positions)
         if cache.num_slots:
             keys, values = cache.keys, cache.values
         else:
             empty = x.new_zeros(bsz, self.layers[0].self_attn.num_kv_heads, 0, self.config.head_dim)
             keys = values = [empty] * len(self.layers)
         mask = None  # every key visible to every query: the block is bidirectional, the context all before it
-        if cache.num_slots and not (context_precedes_anchors and cache.is_dense):
+        cached_unmasked = not cache.num_slots or (context_precedes_anchors and cache.is_dense)
+        if not cached_unmasked or (fresh and not new_context.all_valid):
             # strictly before the anchor: the anchor's own target state does not exist yet
-            ctx_mask = cache.valid & (cache.positions < anchor_positions[:, None])
+            parts = [cache.valid & (cache.positions < anchor_positions[:, None])] if cache.num_slots else []
+            if fresh:
+                parts.append(new_context.valid & (new_context.positions < anchor_positions[:, None]))
+            ctx_mask = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
             block_mask = torch.ones(bsz, gamma, gamma, dtype=torch.bool, device=x.device)
             mask = torch.cat([ctx_mask[:, None, :].expand(bsz, gamma, -1), block_mask], dim=-1)[:, None]
-        return self._run_layers(x, cos, sin, keys, values, mask)[:, lead:]
+        new_kv: list = []
+        hidden = self._run_layers(x, cos, sin, keys, values, mask, ctx, new_kv if fresh else None)
+        if fresh:
+            cache.append([k for k, _ in new_kv], [v for _, v in new_kv], new_context.valid, new_context.positions,
+                         packed=True, counts=new_context.counts)
+        return hidden[:, lead:]
 
     def training_hidden(self, features: torch.Tensor, positions: torch.Tensor, context_valid: torch.Tensor,
                         targets, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -499,7 +421,7 @@ class DSparkDraftModel(PreTrainedModel):
                     generator: torch.Generator | Sequence[torch.Generator] | None = None,
                     confidence_threshold: float | None = None, greedy_rows: torch.Tensor | Sequence[bool] | None = None,
                     sequential_top_k: int | None = None, early_exit: bool | None = None,
-                    context_precedes_anchors: bool = False) -> DraftBlock:
+                    context_precedes_anchors: bool = False, new_context: ContextUpdate | None = None) -> DraftBlock:
         """Draft one block for every row: the primitive behind generate, the engine and the evaluation.
 
         anchor_ids [B] (last committed token), anchor_positions [B]; the cache must already hold the context
@@ -512,17 +434,18 @@ class DSparkDraftModel(PreTrainedModel):
         config's) lets drafting stop at each row's first slot with a calibrated confidence below it
         (``early_exit``: default on CPU only, see ``modeling/drafting.py``). ``sequential_top_k`` overrides the
         config's support restriction of the sequential bias (0 = full vocabulary, the reference behaviour).
-        ``context_precedes_anchors``: see :meth:`forward_block` (the speculative round sets it).
+        ``context_precedes_anchors`` and ``new_context`` (committed context projected in the same pass and
+        appended to ``cache``): see :meth:`forward_block` (the speculative round sets both).
         """
         return draft_block(self, cache, anchor_ids, anchor_positions, num_tokens=num_tokens, do_sample=do_sample,
                            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
                            confidence_threshold=confidence_threshold, greedy_rows=greedy_rows,
                            sequential_top_k=sequential_top_k, early_exit=early_exit,
-                           context_precedes_anchors=context_precedes_anchors)
+                           context_precedes_anchors=context_precedes_anchors, new_context=new_context)
 
 
 register_drafter_architecture(DrafterArchitecture("block", DSparkDraftModel, servable=True,
-                                                  exports_to_speculators=True))
+                                                  exports_to_speculators=True, fuses_context=True))
 
 
 # -------------------------------------------------------------------------------------------------------
