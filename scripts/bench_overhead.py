@@ -34,6 +34,10 @@ Reported per configuration (medians over ``--repeats`` runs, interleaved across 
                  equal``, ``torch.nonzero``, ``torch.equal`` and ``.to("cpu")`` — split into ``loop`` (outside
                  the target's forward) and ``fwd`` (inside it); ``h2d`` counts ``torch.tensor``/``as_tensor``
                  built from Python data (a blocking copy on CUDA)
+    ops/round    aten ops dispatched per round in the counting run (a ``TorchDispatchMode``, views included),
+                 split into ``loop ops`` (outside the target's forward and the drafter) and ``draft ops``; the
+                 rest are the target forward's. On a tiny model each op costs microseconds of host time whatever
+                 its size, so this is the noise-free count behind the host-time columns
     fwd/draft    ms per round inside the target's forward and inside the drafter (hf-dspark: ``draft_block`` +
                  ``extend_context``; transformers: ``get_candidates``), in CPU time on a CPU and device time
                  (CUDA events) on a GPU; ``host`` = cpu ms (CPU) or ms/round (GPU) − fwd − draft: the estimate
@@ -64,6 +68,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import hf_dspark
@@ -228,11 +233,14 @@ class Clock:
     """Accumulated seconds of a region: on CUDA device time (events); on CPU this process's CPU time, which on a
     shared machine stays close to what an idle one would take (wall time there counts other jobs' slices)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, counter: "SyncCounter | None" = None):
         self.cuda = device.type == "cuda"
         self.seconds, self.pairs, self._start = 0.0, [], None
+        self.counter, self.ops, self._ops_start = counter, 0, 0  # aten ops inside the region (counting runs)
 
     def start(self) -> None:
+        if self.counter is not None:
+            self._ops_start = self.counter.ops
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
@@ -240,6 +248,8 @@ class Clock:
             self._start = time.process_time()
 
     def stop(self) -> None:
+        if self.counter is not None:
+            self.ops += self.counter.ops - self._ops_start
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -263,12 +273,13 @@ class SyncCounter:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.d2h = self.h2d = 0
+        self.d2h = self.h2d = self.ops = 0
         self._depth = 0
         self._host: dict[int, weakref.ref] = {}  # id -> tensor known to be host memory (see __enter__)
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "SyncCounter":
+        self._stack.enter_context(_OpCountingMode(self))
         if self.cuda:
             self._stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("always")
@@ -348,6 +359,20 @@ class SyncCounter:
             self.d2h += 1
 
 
+class _OpCountingMode(TorchDispatchMode):
+    """Counts every aten op that is dispatched (views included): a noise-free measure of how much work a loop
+    asks the framework for, which on a tiny model is most of its host time (each op costs microseconds to
+    dispatch whatever its size)."""
+
+    def __init__(self, counter: SyncCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counter.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 @dataclass
 class RunMeasurement:
     """What one generate call measured inside its decode window (after the last prefill forward)."""
@@ -360,6 +385,9 @@ class RunMeasurement:
     syncs_loop: int | None = None
     syncs_forward: int | None = None
     h2d: int | None = None
+    ops_loop: int | None = None  # aten ops outside the target forward and the drafter
+    ops_forward: int | None = None
+    ops_draft: int | None = None
     identical: bool = True  # the output is the greedy continuation
     on_cuda: bool = False
 
@@ -369,7 +397,7 @@ class Probe:
 
     def __init__(self, target, device: torch.device, counter: SyncCounter | None):
         self.target, self.device, self.counter = target, device, counter
-        self.forward_clock, self.draft_clock = Clock(device), Clock(device)
+        self.forward_clock, self.draft_clock = Clock(device, counter), Clock(device, counter)
         self.window_start = None
         self.rounds = 0
         self.syncs_at_window = self.h2d_at_window = 0
@@ -407,9 +435,11 @@ class Probe:
         # the window starts after the last prefill forward: everything a round costs, nothing the prompt costs
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.draft_clock = Clock(self.device)
+        self.draft_clock = Clock(self.device, self.counter)
+        self.forward_ops_at_window = self.forward_clock.ops
         if self.counter is not None:
             self.syncs_at_window, self.h2d_at_window = self.counter.d2h, self.counter.h2d
+            self.ops_at_window = self.counter.ops
         self.window_start, self.window_cpu_start = time.perf_counter(), time.process_time()
 
     def measurement(self, end: float, end_cpu: float) -> RunMeasurement:
@@ -420,6 +450,9 @@ class Probe:
             m.syncs_forward = self.syncs_in_forward
             m.syncs_loop = self.counter.d2h - self.syncs_at_window - self.syncs_in_forward
             m.h2d = self.counter.h2d - self.h2d_at_window
+            m.ops_forward = self.forward_clock.ops - self.forward_ops_at_window
+            m.ops_draft = self.draft_clock.ops
+            m.ops_loop = self.counter.ops - self.ops_at_window - m.ops_forward - m.ops_draft
         return m
 
 
@@ -597,6 +630,9 @@ class Result:
     syncs_loop_per_round: float | None = None
     syncs_forward_per_round: float | None = None
     h2d_per_round: float | None = None
+    ops_per_round: float | None = None  # aten ops dispatched per round (counting run): loop + forward + drafter
+    ops_loop_per_round: float | None = None
+    ops_draft_per_round: float | None = None
     repeats_ms: list[float] = field(default_factory=list)
     status: str = "ok"
 
@@ -621,6 +657,9 @@ def summarize(impl: str, cfg: Config, counted: RunMeasurement, timed: list[RunMe
                   syncs_loop_per_round=round(counted.syncs_loop / rounds, 2),
                   syncs_forward_per_round=round(counted.syncs_forward / rounds, 2),
                   h2d_per_round=round(counted.h2d / rounds, 2),
+                  ops_per_round=round((counted.ops_loop + counted.ops_forward + counted.ops_draft) / rounds, 1),
+                  ops_loop_per_round=round(counted.ops_loop / rounds, 1),
+                  ops_draft_per_round=round(counted.ops_draft / rounds, 1),
                   repeats_ms=[round(m.window_s / m.rounds * 1e3, 3) for m in timed],
                   status="ok" if all(m.identical for m in [counted, *timed]) else "output differs from greedy")
 
@@ -653,7 +692,8 @@ def bench_group(setup: Setup, family: str, accept: str, num_tokens: int, batch: 
 COLUMNS = [("model", "model"), ("accept", "accept"), ("num_tokens", "N"), ("batch", "B"), ("variant", "variant"),
            ("impl", "impl"), ("tokens_per_round", "τ"), ("ms_per_round", "ms/round"), ("cpu_ms_per_round", "cpu ms"),
            ("syncs_per_round", "syncs/round"), ("syncs_loop_per_round", "loop"), ("syncs_forward_per_round", "fwd"),
-           ("h2d_per_round", "h2d"), ("forward_ms", "fwd ms"), ("draft_ms", "draft ms"), ("host_ms", "host ms"),
+           ("h2d_per_round", "h2d"), ("ops_per_round", "ops/round"), ("ops_loop_per_round", "loop ops"),
+           ("ops_draft_per_round", "draft ops"), ("forward_ms", "fwd ms"), ("draft_ms", "draft ms"), ("host_ms", "host ms"),
            ("status", "status")]
 
 

@@ -284,7 +284,8 @@ class _GenerateCall:
         for i, b in enumerate(active):
             n, finished = self.stop.commit(self.tokens, b, result.tokens[i])
             committed.append(n)
-            self._record(b, result.target_logits[i, :n], result.raw_logits[i, :n])
+            if self.scores is not None or self.raw_logits is not None:  # slices only when someone keeps them
+                self._record(b, result.target_logits[i, :n], result.raw_logits[i, :n])
             if self.lookup is not None:
                 self.lookup.commit(b, result.tokens[i][:n])
             if not finished:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..modeling.architectures import architecture_of
+from ..modeling.draft_cache import DraftCache
 from ..modeling.drafting import DraftBlock
 from ..modeling.target_support import cache_kwarg
 from ..scheduling.step_cost import SPSProfile, StepCostProfile
@@ -74,6 +76,10 @@ class SpeculativeRound:
         self.max_deferred_rounds = max_deferred_rounds
         self.cache_name = cache_kwarg(target)
         self.block_size = drafter.config.block_size if drafter is not None else 0
+        # a drafter that projects deferred context in its drafting pass gets it there (one pass instead of two)
+        architecture = architecture_of(drafter.config) if drafter is not None else None
+        self.fuses_context = architecture is not None and architecture.fuses_context
+        self.needs_next_ids = architecture is not None and architecture.autoregressive
         self.max_drafts = policy.max_drafts(self.block_size) if drafter is not None else 0
         # the lookup proposer is offered only to policies that can weigh it against the drafter
         self.lookup = lookup if policy.supports_lookup else None
@@ -125,22 +131,27 @@ class SpeculativeRound:
         out = self.target(input_ids=torch.cat([batch.anchors[:, None], drafts], dim=1), attention_mask=mask,
                           position_ids=positions, use_cache=True, logits_to_keep=width,
                           **{self.cache_name: batch.cache})
-        raw = out.logits[:, -width:].float()
+        raw = out.logits if out.logits.shape[1] == width else out.logits[:, -width:]
+        raw = raw.float()
         target_logits = raw if processor.is_identity else processor.process_positions(drafts, raw.clone())
-        lengths_dev = torch.tensor(lengths, dtype=torch.long, device=batch.device)
+        # every row verifying all W - 1 slots (most batch-1 rounds) needs no per-row lengths on the device
+        lengths_dev = (None if all(n == width - 1 for n in lengths)
+                       else torch.tensor(lengths, dtype=torch.long, device=batch.device))
         result = self.verify_fn(drafts, lengths_dev, target_logits, probs, do_sample=modes if per_row else do_sample,
                                 generator=generator, host_num_drafts=lengths)
-        host = torch.cat([result.num_accepted[:, None], result.output_tokens[:, :width]], dim=1).tolist()  # read 2
+        host = torch.cat([result.num_accepted[:, None], result.output_tokens], dim=1).tolist()  # read 2
         num_accepted = [row[0] for row in host]
         tokens = [row[1:2 + a] for row, a in zip(host, num_accepted)]
 
         # -- the batch after the round ---------------------------------------------------------------------------
-        kept = torch.arange(width, device=batch.device)[None, :] <= result.num_accepted[:, None]  # anchor + accepted
+        kept = result.committed_mask()  # [R, W]: the anchor's slot and the accepted drafts' (verify built it)
         if self.drafter is not None:
             # kept slots are a prefix of every row: the drafter context needs only the longest one (the rest are
             # rejected in every row), so it projects fewer slots and, rows aligned, writes them as one slice
             span = 1 + max(num_accepted)
-            next_ids = torch.where(kept[:, :span], result.output_tokens[:, :span], 0)  # committed token after each
+            # the committed token after each slot: only an autoregressive drafter pairs positions with it
+            next_ids = (torch.where(kept[:, :span], result.output_tokens[:, :span], 0) if self.needs_next_ids
+                        else None)
             batch.defer_context(tap.features()[:, :span], positions[:, :span], kept[:, :span], next_ids,
                                 counts=[a + 1 for a in num_accepted])
             if batch.num_deferred_steps >= self.max_deferred_rounds:
@@ -166,14 +177,21 @@ class SpeculativeRound:
 
     def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator):
         """Draft for every row in one pass and read what the policy needs (read 1)."""
-        batch.flush_context(self.drafter)
+        new_context = None
+        if self.fuses_context:
+            new_context = batch.take_context()
+            if batch.draft_cache is None:
+                batch.draft_cache = DraftCache()
+        else:
+            batch.flush_context(self.drafter)
         block = self.drafter.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
                                          num_tokens=self.max_drafts, do_sample=any_sampled,
                                          logits_processor=processor, generator=generator if any_sampled else None,
                                          confidence_threshold=self.policy.draft_threshold(),
                                          greedy_rows=None if modes is None else [not m for m in modes],
                                          sequential_top_k=self.sequential_top_k,
-                                         context_precedes_anchors=True)  # the batch holds committed context only
+                                         context_precedes_anchors=True,  # the batch holds committed context only
+                                         **({"new_context": new_context} if self.fuses_context else {}))
         if block.confidence is not None:
             packed = torch.cat([block.num_drafts[:, None].to(block.confidence.dtype), block.confidence], dim=1)
             packed = packed.double().cpu().numpy()  # read 1

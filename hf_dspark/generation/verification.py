@@ -36,13 +36,21 @@ class VerificationResult:
     num_accepted: torch.Tensor  # [B] accepted drafts per row
     next_tokens: torch.Tensor  # [B] recovered or bonus token
     output_tokens: torch.Tensor  # [B, γ + 1] accepted drafts, next token, then PLACEHOLDER_TOKEN_ID
+    committed: torch.Tensor | None = None  # [B, γ + 1] bool: slot j < num_accepted + 1 (None: not built)
+
+    def committed_mask(self) -> torch.Tensor:
+        """[B, γ + 1] bool, True for the committed slots (the accepted drafts and the next token)."""
+        if self.committed is None:
+            width = self.output_tokens.shape[1]
+            self.committed = torch.arange(width, device=self.num_accepted.device)[None, :] <= self.num_accepted[:, None]
+        return self.committed
 
     @property
     def num_committed(self) -> torch.Tensor:
         return self.num_accepted + 1
 
 
-def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: torch.Tensor,
+def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor | None, target_logits: torch.Tensor,
            draft_probs: torch.Tensor | None = None, *, do_sample: bool | Sequence[bool] | torch.Tensor,
            generator: torch.Generator | Sequence[torch.Generator] | None = None,
            host_num_drafts: Sequence[int] | None = None) -> VerificationResult:
@@ -50,7 +58,8 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
 
     Args:
         draft_tokens: [B, γ] drafts (entries at j ≥ num_drafts[b] are ignored).
-        num_drafts: [B] drafts proposed per row (0 ⇒ a plain decoding step for that row).
+        num_drafts: [B] drafts proposed per row (0 ⇒ a plain decoding step for that row); None: every row
+            proposes all γ (the caller knows it on the host, so nothing is built or copied for it).
         target_logits: [B, γ + 1, V] target logits at the anchor and each draft position, **after** the
             logits processors (temperature / top-k / top-p / penalties) for that position's prefix.
         draft_probs: [B, γ, V] the exact q each draft was sampled from (required when any row samples).
@@ -63,8 +72,10 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     """
     bsz, gamma = draft_tokens.shape
     device = draft_tokens.device
-    positions = torch.arange(gamma, device=device)
-    proposed = positions[None, :] < num_drafts[:, None]  # [B, γ]
+    if num_drafts is None or (host_num_drafts is not None and all(int(n) == gamma for n in host_num_drafts)):
+        proposed = None  # every slot of every row is a proposal (the common batch-1 round): no mask to apply
+    else:
+        proposed = torch.arange(gamma, device=device)[None, :] < num_drafts[:, None]  # [B, γ]
     if isinstance(do_sample, (list, tuple)):
         any_sampled, any_greedy = any(do_sample), not all(do_sample)
         do_sample = torch.tensor(do_sample, dtype=torch.bool, device=device)
@@ -95,13 +106,13 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
     else:
         passes = sampled_passes if any_sampled else greedy_passes
 
-    passes = passes & proposed
+    passes = passes & proposed if proposed is not None else passes
     num_accepted = passes.long().cumprod(dim=-1).sum(dim=-1)  # length of the passing prefix
     rows = torch.arange(bsz, device=device)
 
     if any_sampled:
         p_next = p[rows, num_accepted]  # [B, V]: p at the first rejected position, or the bonus position
-        rejected = (num_accepted < num_drafts)[:, None]
+        rejected = (num_accepted < (gamma if num_drafts is None else num_drafts))[:, None]
         q_next = torch.where(rejected, q[rows, num_accepted.clamp(max=max(gamma - 1, 0))], 0.0) if gamma else 0.0
         residual = (p_next - q_next).clamp(min=0)
         mass = residual.sum(-1, keepdim=True)
@@ -113,24 +124,27 @@ def verify(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, target_logits: 
         next_tokens = sampled_next if any_sampled else target_argmax[rows, num_accepted]
 
     output = torch.full((bsz, gamma + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
-    keep = positions[None, :] < num_accepted[:, None]
+    keep = torch.arange(gamma, device=device)[None, :] < num_accepted[:, None]
     output[:, :gamma] = torch.where(keep, draft_tokens, output[:, :gamma])
     output[rows, num_accepted] = next_tokens
     return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
 
 
-def _verify_greedy(draft_tokens: torch.Tensor, proposed: torch.Tensor,
+def _verify_greedy(draft_tokens: torch.Tensor, proposed: torch.Tensor | None,
                    target_logits: torch.Tensor) -> VerificationResult:
     """Exact greedy matching, in few device ops (it runs every round): an accepted draft *is* the target's argmax
     at its position, so the committed tokens are the argmax up to and including the first mismatch."""
     gamma = draft_tokens.shape[1]
     target_argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
-    passes = (draft_tokens == target_argmax[:, :gamma]) & proposed
+    passes = draft_tokens == target_argmax[:, :gamma]
+    if proposed is not None:
+        passes &= proposed
     num_accepted = passes.long().cumprod(dim=-1).sum(dim=-1)
     next_tokens = target_argmax.gather(1, num_accepted[:, None])[:, 0]
     committed = torch.arange(gamma + 1, device=draft_tokens.device)[None, :] <= num_accepted[:, None]
     output = torch.where(committed, target_argmax, PLACEHOLDER_TOKEN_ID)
-    return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output)
+    return VerificationResult(num_accepted=num_accepted, next_tokens=next_tokens, output_tokens=output,
+                              committed=committed)
 
 
 def _uniforms(bsz: int, gamma: int, device: torch.device, generator, host_num_drafts) -> torch.Tensor:

@@ -103,3 +103,27 @@ def test_sampling_matches_scalar_reference_rule():
     theirs = torch.bincount(reference, minlength=vocab).float() / n
     assert torch.allclose(ours, theirs, atol=0.012)
     assert torch.allclose(ours, p, atol=0.012)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_full_blocks_need_no_lengths_tensor(do_sample):
+    """num_drafts=None (every row proposes all γ, known on the host) decides exactly as the explicit lengths, and
+    the committed mask it returns marks the accepted drafts and the next token."""
+    torch.manual_seed(5)
+    rows, gamma, vocab = 6, 4, 7
+    logits = torch.randn(rows, gamma + 1, vocab) * 3
+    q = torch.softmax(torch.randn(rows, gamma, vocab), -1)
+    drafts = torch.multinomial(q.view(-1, vocab), 1).view(rows, gamma)
+    drafts[:3] = logits[:3, :gamma].argmax(-1)  # some rows accept everything greedily
+    results = []
+    for num_drafts, host in ((torch.full((rows,), gamma), None), (None, [gamma] * rows),
+                             (torch.full((rows,), gamma), [gamma] * rows)):
+        gen = torch.Generator().manual_seed(9)
+        results.append(verify(drafts, num_drafts, logits.clone(), q if do_sample else None, do_sample=do_sample,
+                              generator=gen, host_num_drafts=host))
+    for r in results[1:]:
+        assert torch.equal(r.num_accepted, results[0].num_accepted)
+        assert torch.equal(r.output_tokens, results[0].output_tokens)
+    for r in results:
+        expected = torch.arange(gamma + 1)[None, :] <= r.num_accepted[:, None]
+        assert torch.equal(r.committed_mask(), expected)
