@@ -52,3 +52,18 @@ def test_prompts_interleave_benchmarks_and_skip_long_ones(tmp_path):
     assert len(serving_prompts(Tokenizer(), tmp_path, 2, max_prompts=4, max_prompt_tokens=10)) == 4
     with pytest.raises(FileNotFoundError, match="HF_DSPARK_EVAL_DIR"):
         serving_prompts(Tokenizer(), tmp_path / "none", 2, None, 10)
+
+
+def test_full_load_window_ends_when_a_slot_first_goes_idle(tiny_target, tiny_drafter):
+    """3 equal requests at C = 2 under plain steps: the first two finish together, the third then runs alone, so
+    the full-load window holds exactly the first two requests' tokens (and ends before the run does)."""
+    from hf_dspark.evaluation.serving_bench import run_level
+    from hf_dspark.serving import DSparkEngine
+
+    engine = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
+    record = run_level(engine, [("a", [5, 17, 33]), ("b", [8, 9, 10])], concurrency=2, num_requests=3,
+                       max_new_tokens=6, sampling={})
+    assert record["generated_tokens"] == 18
+    assert record["full_load_tokens"] == 12
+    assert 0 < record["full_load_s"] < record["wall_s"]
+    assert record["full_load_throughput"] == pytest.approx(12 / record["full_load_s"])
