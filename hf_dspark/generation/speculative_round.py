@@ -1,7 +1,9 @@
 """THE speculative round, shared by ``generate`` (one batch of prompts) and the serving engine (requests joining
 and leaving): propose → choose per-row widths → one target forward → verify → extend the drafter context.
 
-    drafts, c    = drafter.draft_block(context, anchors)            (skipped when the policy says it cannot pay)
+    drafts, c    = drafter.draft_block(context, anchors)            (skipped when the policy says it cannot pay;
+                                                                    a block drafter projects the deferred context
+                                                                    in this pass, an Eagle3 one before it)
     ℓ_r          = policy.choose(c, min(drafts_r, budget_r - 1))   (host; read 1: drafts proposed + confidences)
     p            = target([anchor_r, x_r,1..ℓ_r] for every row)      (one padded forward, width 1 + max ℓ)
     accepted     = verify(x, ℓ, p, q)                              (greedy matching or rejection sampling)
