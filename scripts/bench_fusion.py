@@ -36,6 +36,7 @@ from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: 
 from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
 from hf_dspark.evaluation.heldout import read_heldout  # noqa: E402
 from hf_dspark.loading import load_drafter, load_target  # noqa: E402
+from hf_dspark.serving import DSparkEngine  # noqa: E402
 from hf_dspark.training.prompts import read_prompts  # noqa: E402
 
 logger = logging.getLogger("bench_fusion")
@@ -58,7 +59,10 @@ def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
              "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"},
              "fused, no prefix cache": {"assistant_model": drafter, "dspark_lookup_scope": "fused-nocache",
                                         "dspark_prefix_cache": False},
-             "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False}}
+             "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False},
+             # the serving engine at one request in flight, on the same conversation (its own scope)
+             "engine": {"engine": {"prefix_cache": True}, "lookup_scope": "engine"},
+             "engine, no prefix cache": {"engine": {"prefix_cache": False}, "lookup_scope": "engine-nocache"}}
     unknown = set(names) - set(every)
     if unknown or not {"plain", "prompt lookup"} <= set(names):
         raise SystemExit(f"--arms: {sorted(unknown)} unknown; choose from {list(every)} (plain and prompt lookup "
@@ -77,6 +81,12 @@ class Runner:
     def __init__(self, target, tokenizer, drafter, temperature: float, seed: int, arm_names=DEFAULT_ARMS):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.arms = arms(drafter, arm_names)
+        self.engines = {}
+        for name, spec in self.arms.items():
+            if "engine" in spec:  # built (and its step cost measured) before anything is timed
+                self.engines[name] = DSparkEngine(target, drafter, "scheduled", tokenizer=tokenizer,
+                                                  max_running_requests=1, **spec["engine"])
+                _ = self.engines[name].step_cost
         self.sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
         self.temperature, self.seed, self.calls = temperature, seed, 0
         self.records = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # workload -> arm -> field -> list
@@ -91,10 +101,17 @@ class Runner:
         for name in names[shift:] + names[:shift]:
             torch.manual_seed(self.seed + self.calls)
             start = time.perf_counter()
-            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                       pad_token_id=self.tokenizer.pad_token_id, **self.sampling, **self.arms[name])
-            seconds = time.perf_counter() - start
-            new = out[0, ids.shape[1]:].tolist()
+            if name in self.engines:
+                sampling = {} if self.temperature == 0 else {"do_sample": True, "temperature": self.temperature}
+                new = self.engines[name].submit(ids[0].tolist(), max_new_tokens, lookup_scope=self.arms[name][
+                    "lookup_scope"], **sampling).result().token_ids
+                seconds = time.perf_counter() - start
+            else:
+                out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                           pad_token_id=self.tokenizer.pad_token_id, **self.sampling,
+                                           **self.arms[name])
+                seconds = time.perf_counter() - start
+                new = out[0, ids.shape[1]:].tolist()
             outputs[name] = new
             record = self.records[workload][name]
             record["seconds"].append(seconds)
@@ -209,6 +226,8 @@ def main(argv=None) -> int:
     eval_dir = default_eval_dir()
     warm = render(tokenizer, [{"role": "user", "content": "Say hello."}])
     for extra in arms(drafter, args.arms).values():  # one-off costs (the step-cost profile, kernels) are not timed
+        if "engine" in extra:
+            continue  # the Runner builds the engines and measures their step cost before timing
         target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **extra)
     rows = []
     for temperature in args.temperatures:

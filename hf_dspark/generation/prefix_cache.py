@@ -51,26 +51,29 @@ class CachedPrefix:
 
     token_ids: list[int]
     cache: DynamicCache
-    draft_cache: DraftCache
+    draft_cache: DraftCache | None  # None: no drafter (an engine serving lookup only)
     weights: tuple = ()
 
     @property
     def num_tokens(self) -> int:
         """Positions both caches hold for tokens of ``token_ids`` (what a later call can reuse)."""
-        return min(len(self.token_ids), self.cache.get_seq_length(), self.draft_cache.num_slots)
+        drafted = self.draft_cache.num_slots if self.draft_cache is not None else len(self.token_ids)
+        return min(len(self.token_ids), self.cache.get_seq_length(), drafted)
 
     @property
     def num_bytes(self) -> int:
         """Memory the two caches hold (their storage, which may be larger than the visible slots)."""
         target = [t for layer in self.cache.layers for t in (layer.keys, layer.values) if t is not None]
-        return sum(t.untyped_storage().nbytes() for t in target) + self.draft_cache.storage_bytes
+        drafter = self.draft_cache.storage_bytes if self.draft_cache is not None else 0
+        return sum(t.untyped_storage().nbytes() for t in target) + drafter
 
     def crop(self, length: int) -> None:
         """Keep positions [0, length) in both caches (in place)."""
         drop = self.cache.get_seq_length() - length
         if drop > 0:
             self.cache.crop(-drop)  # transformers >= 5.24: a negative count is the number of slots to drop
-        self.draft_cache.truncate(length)
+        if self.draft_cache is not None:
+            self.draft_cache.truncate(length)
         del self.token_ids[length:]
 
 

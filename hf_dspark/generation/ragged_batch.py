@@ -268,6 +268,19 @@ class RaggedBatch:
         self.draft_cache = draft.extend_context(cache, update.features, update.positions, update.valid,
                                                 update.next_ids, packed=True, counts=update.counts)
 
+    def row_caches(self, row: int, draft=None) -> tuple[DynamicCache, DraftCache | None]:
+        """Row ``row``'s committed K/V as a dense batch-1 target cache (slot = position: its holes dropped) and,
+        with ``draft``, its drafter context (deferred rounds projected first): what a later request continuing
+        this row's text can start from instead of prefilling it."""
+        if draft is not None:
+            self.flush_context(draft)
+        index = self.mask[row].nonzero()[:, 0]  # a device read: once per kept request, not per round
+        layers = [(k[row:row + 1].index_select(2, index), v[row:row + 1].index_select(2, index))
+                  for k, v in _layer_tensors(self.cache)]
+        cache = DynamicCache(ddp_cache_data=layers, config=self.config)
+        draft_cache = self.draft_cache.row(row) if draft is not None and self.draft_cache is not None else None
+        return cache, draft_cache
+
     # -- holes ------------------------------------------------------------------------------------------------
     def removable_slots(self) -> int:
         """Slot columns compaction would free: width minus the longest row's committed slots."""

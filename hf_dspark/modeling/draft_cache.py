@@ -205,6 +205,19 @@ class DraftCache:
         self._ends = [min(end, length) for end in self._ends]
         self._num_slots = max(self._ends, default=0)
 
+    def row(self, row: int) -> "DraftCache":
+        """Row ``row``'s entries in slot order (= position order: appends follow the text) as a dense batch-1
+        cache: a finished request's context, kept for a later request that continues its text."""
+        if self._valid is None:
+            return DraftCache()
+        index = self.valid[row].nonzero()[:, 0]  # a device read: once per kept request, not per round
+        out = DraftCache([k[row:row + 1].index_select(2, index) for k in self.keys],
+                         [v[row:row + 1].index_select(2, index) for v in self.values],
+                         torch.ones(1, index.numel(), dtype=torch.bool, device=index.device),
+                         self.positions[row:row + 1].index_select(1, index))
+        out._dense = True  # every slot holds an entry and the rows (one) are aligned
+        return out
+
     def select_rows(self, rows: torch.Tensor | Sequence[int]) -> "DraftCache":
         """A cache holding only ``rows`` (finished rows leave the batch)."""
         host_rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)

@@ -36,7 +36,8 @@ import torch
 
 from ..generation.lookup import LookupHistory, LookupProposer
 from ..generation.lookup_calibration import LookupCalibrator
-from ..generation.memory import LONG_MATCH_TOKENS
+from ..generation.memory import LONG_MATCH_TOKENS, memory_for
+from ..generation.prefix_cache import PREFIX_CACHE_BYTES, CachedPrefix, PrefixCacheStore, weights_signature
 from ..generation.speculative_round import SpeculativeRound
 from ..modeling.architectures import architecture_of
 from ..modeling.target_support import raise_if_unsupported_target
@@ -99,6 +100,12 @@ class DSparkEngine(PrefillMixin):
         lookup_history_tokens (`int`, defaults to 65536): tokens of finished requests kept for lookup (all scopes
             together; 0 = none). Requests without a scope never read or write it: acceptance timing can reveal
             another user's text, so give each user / tenant its own scope.
+        prefix_cache (`bool`, defaults to True): a finished request with a ``lookup_scope`` leaves its target and
+            drafter caches for the scope's next request, which prefills only the part of its prompt that is new
+            (an agent's conversation is not prefilled again every turn; ``generate`` does the same per scope).
+            Bounded (``prefix_cache_bytes``, 8 entries, LRU), never without a scope, never across scopes or
+            changed weights; not for autoregressive drafters.
+        prefix_cache_bytes (`int`, defaults to 512 MiB): memory the kept caches may hold.
     """
 
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
@@ -109,7 +116,8 @@ class DSparkEngine(PrefillMixin):
                  max_request_tokens: int | None = None, max_prefill_tokens: int = 1024,
                  sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
-                 log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536):
+                 log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536,
+                 prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         raise_if_unsupported_target(target, "DSparkEngine")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
@@ -149,6 +157,11 @@ class DSparkEngine(PrefillMixin):
                                        cost=lambda: self.step_cost, observe_time=sps is None,
                                        max_deferred_rounds=self.max_deferred_steps, lookup=self._lookup,
                                        calibrator=LookupCalibrator() if self._lookup is not None else None)
+        # caches a scope's finished request leaves for the scope's next one (a block drafter's context can be cropped
+        # to any prefix; an autoregressive one's tail state cannot)
+        keeps_prefixes = prefix_cache and not (self._round.drafter is not None
+                                               and architecture_of(draft.config).autoregressive)
+        self._prefixes = PrefixCacheStore(max_bytes=prefix_cache_bytes) if keeps_prefixes else None
         self._batch = RunningBatch(target.config, self.device)
         self._request_ids: set[str] = set()  # ids of requests not yet finished (duplicates are refused)
         self._incoming: deque[Request] = deque()
@@ -393,10 +406,42 @@ class DSparkEngine(PrefillMixin):
             if request.cancel_requested and not request.is_finished:
                 request.finish(FinishReason.CANCELLED)
             if request.is_finished:
+                self._keep_prefix(row, request)
                 self._on_finished(request)
             else:
                 keep.append(row)
         self._batch.keep(keep)
+
+    # -- the prefix cache (per scope) ---------------------------------------------------------------------------
+    def _prefix_key(self, request: Request):
+        """Where a request's caches are kept / looked up, or None (no scope, or the engine keeps none)."""
+        scope = request.params.lookup_scope
+        if self._prefixes is None or scope is None:
+            return None
+        return memory_for(self.target).prefix_key(scope, self._round.drafter)  # (scope, this drafter's token)
+
+    def _weights(self) -> tuple:
+        drafter = self._round.drafter
+        return weights_signature(self.target, *([drafter] if drafter is not None else []))
+
+    def _keep_prefix(self, row: int, request: Request) -> None:
+        """A completed request's caches serve its scope's next request (never a cancelled or failed one's)."""
+        key = self._prefix_key(request)
+        if key is None or request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            return
+        cache, draft_cache = self._batch.row_caches(row, self._round.drafter)
+        self._prefixes.put(key, CachedPrefix(request.prompt_ids + request.tokens, cache, draft_cache,
+                                             self._weights()))
+
+    def _reused_prefix(self, request: Request) -> tuple[CachedPrefix, int] | None:
+        """The scope's kept caches cropped to what this request's prompt shares with them (None: prefill all)."""
+        key = self._prefix_key(request)
+        if key is None or request.tokens:  # a request resuming after a failed step prefills afresh
+            return None
+        hit = self._prefixes.take(key, request.prompt_ids, self._weights())
+        if hit is not None:
+            self.engine_metrics.reused_prompt_tokens += hit[1]
+        return hit
 
     def _on_finished(self, request: Request) -> None:
         if self._lookup is not None and getattr(request, "lookup_row", False):

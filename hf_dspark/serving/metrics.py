@@ -36,6 +36,7 @@ class EngineMetrics:
     verify_seconds: float = 0.0
     generated_tokens: int = 0
     prefill_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens a scope's prefix cache served instead of a prefill
     prefill_forwards: int = 0  # target forwards spent on prompts (short prompts admitted together share one)
     verify_tokens: int = 0  # Σ_steps B = Σ_r (1 + ℓ_r)
     padded_verify_tokens: int = 0  # Σ_steps R · W (what the padded forward actually computed)
@@ -88,7 +89,7 @@ class EngineMetrics:
             "conditional_acceptance": self.stats.conditional_acceptance,
             "wasted_verify_tokens": self.wasted_verify_tokens,
             "padding_tokens": self.padded_verify_tokens - self.verify_tokens,
-            "prefill_tokens": self.prefill_tokens,
+            "prefill_tokens": self.prefill_tokens, "reused_prompt_tokens": self.reused_prompt_tokens,
             "prefill_forwards": self.prefill_forwards,
             "prefill_s": self.prefill_seconds,
             "draft_s": self.draft_seconds,

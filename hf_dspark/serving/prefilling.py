@@ -69,6 +69,11 @@ class PrefillMixin:
     def _new_prefill(self, request: Request) -> _Prefill:
         """Prefill state for a new request (its prompt) or one resuming after a failed decode step (prompt and
         committed tokens; its last token is the anchor again, nothing is sampled or committed twice)."""
+        reused = self._reused_prefix(request)
+        if reused is not None:  # the scope's earlier request left the caches of this prompt's first `done` tokens
+            entry, done = reused
+            return _Prefill(entry.cache, entry.draft_cache if self.draft_width else None,
+                            context=list(request.prompt_ids), num_done=done)
         caches = (DynamicCache(config=self.target.config), DraftCache() if self.draft_width else None)
         if not request.tokens:
             return _Prefill(*caches, context=list(request.prompt_ids))

@@ -1,0 +1,131 @@
+"""The engine's prefix cache per scope: a scope's finished request leaves its caches for the scope's next request,
+which prefills only what is new; outputs stay plain greedy's, rows with holes are kept correctly, and nothing is
+kept or shared without a scope or when turned off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import flat_cost, make_tiny_llama
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.serving.engine import DSparkEngine
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = make_tiny_llama(seed=5)
+    model.generation_config.eos_token_id = model.config.eos_token_id = None  # every reply runs its full length
+    return model
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    torch.manual_seed(4)
+    return DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+
+
+def plain(target, ids: list[int], max_new_tokens: int) -> list[int]:
+    x = torch.tensor([ids])
+    out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                          pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def conversations(engine: DSparkEngine, scopes: list[str | None], turns: int, new_tokens: int = 10):
+    """One agent-like conversation per scope, all in flight together: each turn's prompt is the previous prompt +
+    its reply + a new message. Returns per scope the prompts and replies, and per turn the prompt tokens the
+    engine reused."""
+    g = torch.Generator().manual_seed(9)
+    prompts = {i: [torch.randint(3, 96, (30 + 7 * i,), generator=g).tolist()] for i in range(len(scopes))}
+    replies: dict[int, list[list[int]]] = {i: [] for i in range(len(scopes))}
+    reused = []
+    for _ in range(turns):
+        before = engine.metrics()["reused_prompt_tokens"]
+        handles = [engine.submit(prompts[i][-1], new_tokens, lookup_scope=scope) for i, scope in enumerate(scopes)]
+        for i, handle in enumerate(handles):
+            replies[i].append(handle.result().token_ids)
+        reused.append(engine.metrics()["reused_prompt_tokens"] - before)
+        for i in range(len(scopes)):
+            prompts[i].append(prompts[i][-1] + replies[i][-1] + torch.randint(3, 96, (6,), generator=g).tolist())
+    return {i: prompts[i][:turns] for i in prompts}, replies, reused
+
+
+@pytest.mark.parametrize("policy, with_drafter", [("scheduled", True), ("fixed", True), ("scheduled", False)])
+def test_a_scope_reuses_the_previous_turn_and_outputs_stay_plain(target, draft, policy, with_drafter):
+    """Two scopes at once (ragged rows; "fixed" drafts with a random drafter, so rejected slots leave holes), and
+    lookup only without a drafter: every later turn reuses the whole previous prompt and every reply token whose
+    K/V was written (the last one is the anchor)."""
+    engine = DSparkEngine(target, draft if with_drafter else None, policy, sps=flat_cost(),
+                          policy_kwargs={"num_tokens": 3} if policy == "fixed" else None)
+    prompts, replies, reused = conversations(engine, ["alice", "bob"], turns=3)
+    for i in prompts:
+        for prompt, reply in zip(prompts[i], replies[i]):
+            assert reply == plain(target, prompt, 10)
+    assert reused[0] == 0
+    for turn in (1, 2):
+        assert reused[turn] == sum(len(prompts[i][turn - 1]) + len(replies[i][turn - 1]) - 1 for i in prompts)
+
+
+def test_nothing_is_kept_without_a_scope_or_when_turned_off(target, draft):
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+    _, _, reused = conversations(engine, [None, None], turns=2)
+    assert reused == [0, 0] and len(engine._prefixes) == 0
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost(), prefix_cache=False)
+    _, _, reused = conversations(engine, ["alice"], turns=2)
+    assert reused == [0, 0] and engine._prefixes is None
+
+
+def test_scopes_never_share_and_a_diverging_prompt_reuses_only_the_common_part(target, draft):
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+    prompt = list(range(3, 63))
+    engine.submit(prompt, 8, lookup_scope="alice").result()
+    engine.submit(prompt + [70, 71], 8, lookup_scope="bob").result()
+    assert engine.metrics()["reused_prompt_tokens"] == 0  # alice's caches are not bob's
+    edited = prompt[:30] + [90] * 40
+    out = engine.submit(edited, 8, lookup_scope="alice").result()
+    assert engine.metrics()["reused_prompt_tokens"] == 30
+    assert out.token_ids == plain(target, edited, 8)
+
+
+def test_a_cancelled_request_leaves_nothing(target, draft):
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+    handle = engine.submit(list(range(3, 50)), 30, lookup_scope="alice")
+    engine.step()
+    engine.step()
+    handle.cancel()
+    while engine.step():
+        pass
+    assert len(engine._prefixes) == 0
+
+
+def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
+    """The entry a finished request leaves (its row cut out of a ragged batch with holes) holds, position by
+    position, the K/V a fresh prefill of its tokens computes, for the target and for the drafter."""
+    from transformers import DynamicCache
+
+    from hf_dspark.generation.memory import memory_for
+    from hf_dspark.generation.ragged_batch import cache_kwarg
+    from hf_dspark.modeling.draft_cache import DraftCache
+    from hf_dspark.modeling.target_taps import TargetFeatureTap
+
+    engine = DSparkEngine(target, draft, "fixed", sps=flat_cost(), policy_kwargs={"num_tokens": 3})
+    # a second, shorter and longer-running row: the batch is ragged (padding and rejected slots are holes) when
+    # alice's row leaves it
+    handles = [engine.submit(list(range(3, 40)), 12, lookup_scope="alice"),
+               engine.submit(list(range(50, 60)), 20, lookup_scope="bob")]
+    outputs = [handle.result() for handle in handles]
+    entry = engine._prefixes._entries[memory_for(target).prefix_key("alice", draft)]
+    tokens = list(range(3, 40)) + outputs[0].token_ids
+    assert entry.token_ids == tokens and entry.num_tokens == len(tokens) - 1  # the last token is the anchor
+    n = entry.num_tokens
+    fresh, fresh_draft = DynamicCache(config=target.config), DraftCache()
+    with torch.no_grad(), TargetFeatureTap(target, draft.config.target_layer_ids) as tap:
+        target(input_ids=torch.tensor([tokens[:n]]), use_cache=True, **{cache_kwarg(target): fresh})
+        draft.extend_context(fresh_draft, tap.features(), torch.arange(n)[None], packed=True, counts=[n])
+    for kept, new in zip(entry.cache.layers, fresh.layers):
+        torch.testing.assert_close(kept.keys[:, :, :n], new.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(kept.values[:, :, :n], new.values, rtol=1e-4, atol=1e-5)
+    for kept, new in zip(entry.draft_cache.keys, fresh_draft.keys):
+        torch.testing.assert_close(kept[:, :, :n], new, rtol=1e-4, atol=1e-5)
+    assert torch.equal(entry.draft_cache.positions[0, :n], torch.arange(n))
