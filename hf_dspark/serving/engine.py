@@ -429,7 +429,8 @@ class DSparkEngine(PrefillMixin):
         key = self._prefix_key(request)
         if key is None or request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             return
-        cache, draft_cache = self._batch.row_caches(row, self._round.drafter)
+        with torch.no_grad():  # retiring runs outside the step's no_grad block; the drafter projects here
+            cache, draft_cache = self._batch.row_caches(row, self._round.drafter)
         self._prefixes.put(key, CachedPrefix(request.prompt_ids + request.tokens, cache, draft_cache,
                                              self._weights()))
 

@@ -129,3 +129,13 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
     for kept, new in zip(entry.draft_cache.keys, fresh_draft.keys):
         torch.testing.assert_close(kept[:, :, :n], new, rtol=1e-4, atol=1e-5)
     assert torch.equal(entry.draft_cache.positions[0, :n], torch.arange(n))
+
+
+def test_kept_caches_hold_no_autograd_graph(target, draft):
+    """Retiring runs outside the decode step's no_grad block: the kept K/V must not drag an autograd graph along."""
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+    engine.submit(list(range(3, 40)), 9, lookup_scope="alice").result()
+    (entry,) = engine._prefixes._entries.values()
+    tensors = [t for layer in entry.cache.layers for t in (layer.keys, layer.values)]
+    tensors += entry.draft_cache.keys + entry.draft_cache.values
+    assert not any(t.requires_grad for t in tensors)
