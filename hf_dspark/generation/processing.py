@@ -1,14 +1,16 @@
 """Apply transformers' logits processors to ragged rows exactly as plain ``generate`` would, for p and for q.
 
 In a speculative batch every row has its own length, while a ``LogitsProcessorList`` expects one rectangular
-``input_ids``. Processors that ignore the ids (temperature, top-k, top-p, min-p, typical, ε/η) run batched;
-any other processor (repetition penalty, no-repeat-n-gram, min-new-tokens, ...) runs per row on that row's
-own sequence, so the processed logits equal what plain generation of that row computes.
+``input_ids``. Processors that ignore the ids (temperature, top-k, top-p, min-p, typical, ε/η) run batched, and
+so do the two common ones that read them in a way that survives padding (a repetition penalty reads the set of
+ids; min-new-tokens only each row's length); any other processor (no-repeat-n-gram, custom ones, ...) runs per row
+on that row's own sequence, so the processed logits equal what plain generation of that row computes.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +20,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     EtaLogitsWarper,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
     MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -44,9 +47,17 @@ def _unpadded_min_new_tokens(processor: MinNewTokensLengthLogitsProcessor, num_p
     return processor
 
 
+def _unpadded_min_length(processor: MinLengthLogitsProcessor, num_pad: int):
+    # generate() compares min_length with the padded length; an unpadded row is num_pad shorter
+    processor = copy.copy(processor)
+    processor.min_length = max(processor.min_length - num_pad, 0)
+    return processor
+
+
 # Processors whose state depends on the batch's padding -> their form for one unpadded row.
 _ROW_ADAPTERS = {RepetitionPenaltyLogitsProcessor: _unpadded_repetition_penalty,
-                 MinNewTokensLengthLogitsProcessor: _unpadded_min_new_tokens}
+                 MinNewTokensLengthLogitsProcessor: _unpadded_min_new_tokens,
+                 MinLengthLogitsProcessor: _unpadded_min_length}
 
 
 def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int]) -> list[LogitsProcessorList]:
@@ -86,6 +97,27 @@ class RowLogitsProcessor:
         self.tokens, self.rows = tokens, None if rows is None else list(rows)
         self.is_identity = len(self.processors) == 0 and not any(self.row_processors or [])
         self.ids_independent = all(isinstance(p, _IDS_INDEPENDENT) for p in self.processors)
+        num_rows = len(self.rows or self._prefixes or self.row_processors or [None])
+        # one row is its own buffer slice already: per-row calls are cheaper than padding it
+        self.batched = not self.ids_independent and num_rows > 1 and self._batchable()
+        self._index_cache: dict = {}  # row indices on the device, for this batch of rows (one round)
+
+    def _batchable(self) -> bool:
+        """Whether every row's processors can run as one batched call (see :meth:`_batched_call`): the lists
+        agree in types and, but for the per-row adapted fields, are the same processors."""
+        lists = self.row_processors or [self.processors]
+        if len({tuple(type(p) for p in procs) for procs in lists}) != 1:
+            return False
+        for i, processor in enumerate(self.processors):
+            column = [procs[i] for procs in lists]
+            if isinstance(processor, RepetitionPenaltyLogitsProcessor):
+                if any(p.prompt_ignore_length is not None or p.penalty != processor.penalty for p in column):
+                    return False
+            elif isinstance(processor, (MinNewTokensLengthLogitsProcessor, MinLengthLogitsProcessor)):
+                pass  # read per row from the row's own (adapted) instance
+            elif not isinstance(processor, _IDS_INDEPENDENT) or any(p is not processor for p in column):
+                return False
+        return True
 
     @property
     def prefixes(self) -> list[torch.Tensor]:
@@ -108,11 +140,52 @@ class RowLogitsProcessor:
             return logits
         if self.ids_independent:
             return apply_processors(self.processors, tail_ids, logits)
+        if self.batched:
+            return self._batched_call(tail_ids, logits)
         rows = []
         for b in range(logits.shape[0]):
             processors = self.processors if self.row_processors is None else self.row_processors[b]
             rows.append(apply_processors(processors, self._ids(b, tail_ids[b])[None], logits[b:b + 1]))
         return torch.cat(rows, dim=0)
+
+    def _batched_call(self, tail_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """All rows at once, equal to the per-row calls: a repetition penalty reads the rows' ids right-padded with
+        a duplicate of each row's last id (the set of ids, all it reads, is unchanged); min-new-tokens reads only
+        each row's length (min-length likewise), so its EOS mask is applied to the rows still below the minimum; id-independent
+        processors are shared by all rows."""
+        num_rows = logits.shape[0]
+        if self._prefixes is None:
+            ids, lengths = self.tokens.own_ids_with(self.rows, tail_ids, self._index_cache)
+        else:
+            own = [self._ids(b, tail_ids[b]) for b in range(num_rows)]
+            lengths = [x.shape[0] for x in own]
+            ids = torch.stack([torch.cat([x, x[-1:].expand(max(lengths) - x.shape[0])]) for x in own])
+        lists = self.row_processors or [self.processors] * num_rows
+        k = tail_ids.shape[1]
+        for i, processor in enumerate(self.processors):
+            if isinstance(processor, (MinNewTokensLengthLogitsProcessor, MinLengthLogitsProcessor)):
+                # row b blocks EOS while its own length is below its threshold (both in the row's own tokens)
+                if isinstance(processor, MinLengthLogitsProcessor):
+                    thresholds = [procs[i].min_length for procs in lists]
+                else:
+                    thresholds = [procs[i].prompt_length_to_skip + procs[i].min_new_tokens for procs in lists]
+                if any(n < t for n, t in zip(lengths, thresholds)):
+                    eos, base, limit = self._length_masks(i, processor, thresholds, lengths, k, logits)
+                    logits = torch.where(eos[None, :] & (base + k < limit)[:, None], -math.inf, logits)
+            else:
+                logits = processor(ids, logits)
+        return logits
+
+    def _length_masks(self, i: int, processor, thresholds, lengths, k: int, logits: torch.Tensor):
+        """Processor i's EOS mask [V] and the rows' lengths before the tail and thresholds [R], on the device once
+        per batch of rows (one round), not per call."""
+        key = ("length", i)
+        if key not in self._index_cache:
+            vocab = torch.arange(logits.shape[-1], device=logits.device)
+            eos = torch.isin(vocab, torch.as_tensor(processor.eos_token_id, device=logits.device))
+            host = torch.tensor([[n - k for n in lengths], thresholds], dtype=torch.long, device=logits.device)
+            self._index_cache[key] = (eos, host[0], host[1])
+        return self._index_cache[key]
 
     def process_positions(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Target side: logits [B, W, V] at the anchor and W-1 drafts ``tokens`` [B, W-1]; position i is

@@ -72,6 +72,34 @@ class RowTokens:
             self.buffer[row, end:end + k] = tail
         return self.buffer[row, self.num_pad[row]: end + k]
 
+    def own_ids_with(self, rows: Sequence[int], tail: torch.Tensor,
+                     index_cache: dict | None = None) -> tuple[torch.Tensor, list[int]]:
+        """Every row's own ids + its ``tail`` [R, k] as one [R, W] tensor, right-padded with the row's last id (a
+        duplicate, which processors that read the set of ids — a repetition penalty — cannot tell from nothing),
+        and the rows' true lengths. A few ops whatever R: the tails are written into the buffer in one indexed
+        write, the rows gathered in one. ``index_cache``: a dict kept by the caller for calls while the rows'
+        lengths stay the same (one round), so the row indices go to the device once, not per call."""
+        k = tail.shape[1]
+        ends = [self.lengths[r] for r in rows]
+        lengths = [end + k - self.num_pad[r] for r, end in zip(rows, ends)]
+        width = max(lengths)
+        if self.buffer is None:
+            own = [torch.cat([self.own_view(r), tail[i]]) for i, r in enumerate(rows)]
+            return torch.stack([torch.cat([x, x[-1:].expand(width - x.shape[0])]) for x in own]), lengths
+        self._fit(max(ends) + k)
+        cached = index_cache if index_cache is not None else {}
+        if "rows" not in cached:
+            device = self.buffer.device
+            cached["rows"] = torch.tensor(rows, dtype=torch.long, device=device)
+            cached["bounds"] = torch.tensor([[self.num_pad[r], end] for r, end in zip(rows, ends)], dtype=torch.long,
+                                            device=device)  # [R, 2]: first own slot, first free slot
+        index, bounds = cached["rows"], cached["bounds"]
+        steps = torch.arange(max(width, k), device=index.device)
+        if k:
+            self.buffer[index[:, None], bounds[:, 1:] + steps[:k]] = tail.to(self.buffer.dtype)
+        slots = torch.minimum(bounds[:, :1] + steps[:width], bounds[:, 1:] + (k - 1))
+        return self.buffer.index_select(0, index).gather(1, slots), lengths
+
     def _fit(self, length: int) -> None:
         if length > self.buffer.shape[1]:  # only if a caller under-estimated the capacity: grow by doubling
             grown = self.buffer.new_zeros(self.buffer.shape[0], max(length, 2 * self.buffer.shape[1]))

@@ -234,3 +234,16 @@ def test_min_new_tokens_in_a_padded_batch_matches_each_row_alone(target, draft, 
     got = speculative_rows(target, draft, prompts[:4], 4, **kwargs)
     for g, e in zip(got, expected):
         assert g[: len(e)] == e and all(t == 0 for t in g[len(e):])
+
+
+def test_min_length_in_a_padded_batch_matches_plain_batched_generate(target, draft, references):
+    """min_length counts the padded length in plain batched generate; each unpadded row must see it the same way
+    (and with a repetition penalty beside it, both processors run batched across the rows)."""
+    prompts, expected_long = references
+    eos = expected_long[0][3]
+    ids, mask = left_pad(prompts[:4])
+    kwargs = dict(max_new_tokens=14, min_length=ids.shape[1] + 6, eos_token_id=eos, pad_token_id=0,
+                  repetition_penalty=1.3, do_sample=False)
+    plain = target.generate(ids, attention_mask=mask, **kwargs)[:, ids.shape[1]:]
+    ours = target.generate(ids, attention_mask=mask, assistant_model=draft, **kwargs)[:, ids.shape[1]:]
+    assert ours.tolist() == plain.tolist()
