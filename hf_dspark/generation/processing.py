@@ -16,17 +16,19 @@ from collections.abc import Sequence
 import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
-    MinNewTokensLengthLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
     EtaLogitsWarper,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+
+from .row_tokens import pad_with_last
 
 _IDS_INDEPENDENT = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
                     TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
@@ -159,7 +161,7 @@ class RowLogitsProcessor:
         else:
             own = [self._ids(b, tail_ids[b]) for b in range(num_rows)]
             lengths = [x.shape[0] for x in own]
-            ids = torch.stack([torch.cat([x, x[-1:].expand(max(lengths) - x.shape[0])]) for x in own])
+            ids = pad_with_last(own)
         lists = self.row_processors or [self.processors] * num_rows
         k = tail_ids.shape[1]
         for i, processor in enumerate(self.processors):

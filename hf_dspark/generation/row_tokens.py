@@ -18,6 +18,12 @@ from collections.abc import Sequence
 import torch
 
 
+def pad_with_last(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """1-D id tensors (each non-empty) -> [R, max length], each right-padded with its own last id."""
+    width = max(x.shape[0] for x in rows)
+    return torch.stack([torch.cat([x, x[-1:].expand(width - x.shape[0])]) for x in rows])
+
+
 class RowTokens:
     """Left-padded prompt + committed tokens per row (host lists), optionally mirrored on the device."""
 
@@ -84,8 +90,7 @@ class RowTokens:
         lengths = [end + k - self.num_pad[r] for r, end in zip(rows, ends)]
         width = max(lengths)
         if self.buffer is None:
-            own = [torch.cat([self.own_view(r), tail[i]]) for i, r in enumerate(rows)]
-            return torch.stack([torch.cat([x, x[-1:].expand(width - x.shape[0])]) for x in own]), lengths
+            return pad_with_last([torch.cat([self.own_view(r), tail[i]]) for i, r in enumerate(rows)]), lengths
         self._fit(max(ends) + k)
         cached = index_cache if index_cache is not None else {}
         if "rows" not in cached:
