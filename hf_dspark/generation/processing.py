@@ -155,15 +155,18 @@ class RowLogitsProcessor:
         a duplicate of each row's last id (the set of ids, all it reads, is unchanged); min-new-tokens reads only
         each row's length (min-length likewise), so its EOS mask is applied to the rows still below the minimum; id-independent
         processors are shared by all rows."""
-        num_rows = logits.shape[0]
+        num_rows, k = logits.shape[0], tail_ids.shape[1]
         if self._prefixes is None:
-            ids, lengths = self.tokens.own_ids_with(self.rows, tail_ids, self._index_cache)
+            lengths = [self.tokens.lengths[r] + k - self.tokens.num_pad[r] for r in self.rows]
         else:
-            own = [self._ids(b, tail_ids[b]) for b in range(num_rows)]
-            lengths = [x.shape[0] for x in own]
-            ids = pad_with_last(own)
+            lengths = [prefix.shape[0] + k for prefix in self._prefixes]
+        ids = tail_ids  # what id-independent processors get; the padded rows are built only for one that reads them
+        if any(isinstance(p, RepetitionPenaltyLogitsProcessor) for p in self.processors):
+            if self._prefixes is None:
+                ids, _ = self.tokens.own_ids_with(self.rows, tail_ids, self._index_cache)
+            else:
+                ids = pad_with_last([self._ids(b, tail_ids[b]) for b in range(num_rows)])
         lists = self.row_processors or [self.processors] * num_rows
-        k = tail_ids.shape[1]
         for i, processor in enumerate(self.processors):
             if isinstance(processor, (MinNewTokensLengthLogitsProcessor, MinLengthLogitsProcessor)):
                 # row b blocks EOS while its own length is below its threshold (both in the row's own tokens)
