@@ -1,13 +1,19 @@
-"""oneDNN-prepacked fp32 linears for CPU inference (opt-in).
+"""Faster fp32 linears for CPU inference: skinny ``W @ xᵀ`` products (used by hf-dspark's loop) and oneDNN
+prepacking (opt-in).
 
-Why: on CPUs without bf16 matmul units, fp32 ``F.linear`` repacks its weight on every call and has a slow
-small-M path, so verifying k tokens costs much more than it should (measured on the project's 2-core AVX2 box:
-verify(8)/verify(1) 1.64 plain vs 1.47 prepacked, and plain decoding 14 -> 20 tok/s). Packing each weight once
-removes that. Results differ from ``F.linear`` in the last bits (~1e-4 on logits), so compare a packed model's
-speculative output with the *same packed model's* plain output.
+Why: on CPUs without bf16 matmul units, stock fp32 ``F.linear`` has slow 1-row and small-M paths, so a plain
+decoding step is slower than the memory bandwidth allows and verifying k tokens costs much more than one.
 
-Inference only: with gradients enabled, or off CPU, or in another dtype, the module falls back to ``F.linear``
-on the original weight, which it keeps (tied embeddings keep working).
+* :class:`skinny_linears` (on by default inside hf-dspark's decoding loop on a CPU fp32 target; also a public
+  context manager for plain ``generate``) computes 1-8 rows as ``W @ xᵀ`` with 2, 4 or 8 columns: no copy of any
+  weight, results within the last bits of ``F.linear``'s (measured on the project's 2-core AVX2 box, SmolLM2-135M:
+  one step 0.62×, verifying 2 tokens 0.68×, 4 tokens 0.82× of the stock 1-token step).
+* :func:`prepack_linears` (opt-in, replaces the modules) packs each weight once for oneDNN (verify(8)/verify(1)
+  1.64 stock vs 1.47 packed, plain decoding 14 -> 20 tok/s), at the cost of a packed copy of every weight.
+
+Both differ from ``F.linear`` in the last bits (~1e-5 to 1e-4 on logits), as stock 1-row and k-row products
+already differ from each other. Inference only: with gradients, or off CPU, or in another dtype, they fall back
+to ``F.linear`` on the original weight (tied embeddings keep working).
 """
 
 from __future__ import annotations
@@ -58,3 +64,97 @@ def prepack_linears(model: nn.Module) -> nn.Module:
                 replaced += 1
     logger.info("Prepacked %d linear layers for oneDNN", replaced)
     return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Skinny linears: a few rows through a big fp32 weight, as ``weight @ xᵀ``
+# ---------------------------------------------------------------------------------------------------------
+#: rows -> rows actually multiplied (zero-padded): the column counts MKL's ``W @ Xᵀ`` path handles fastest
+SKINNY_PADDED_ROWS = (0, 2, 2, 4, 4, 8, 8, 8, 8)
+#: more rows than this go through ``F.linear`` unchanged
+SKINNY_MAX_ROWS = len(SKINNY_PADDED_ROWS) - 1
+#: the kernel's name in step-cost cache keys: a table measured with one kernel is not valid for the other
+SKINNY_KERNEL = "skinny-v1"
+STOCK_KERNEL = "stock"
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for inference on CPU fp32, fast when ``x`` has 1-8 rows.
+
+    Why: stock fp32 ``F.linear`` computes ``x @ Wᵀ``; with one row MKL runs a gemv that uses one core's memory
+    bandwidth, with 2-8 rows a small-M gemm that is slower still (measured on the project's 2-core AVX2 box,
+    SmolLM2-135M: verifying 2 tokens cost 1.6× one plain step). ``W @ xᵀ`` with 2, 4 or 8 columns streams the
+    weight once on both cores: one plain step 0.62×, verify(2) 0.68×, verify(4) 0.82× of the stock step. The
+    same products are summed in another order, so results differ from ``F.linear`` in the last bits (as the
+    stock kernels' own 1-row and k-row results differ from each other). Anything else — grad, other devices or
+    dtypes, more rows — is plain ``F.linear``."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if (not 1 <= rows <= SKINNY_MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or weight.dim() != 2
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = SKINNY_PADDED_ROWS[rows]
+    if padded > rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
+    out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()  # [rows, out]
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class skinny_linears:  # noqa: N801 (a context manager used like a function, as torch.no_grad)
+    """Within the block, every CPU fp32 ``nn.Linear`` of ``models`` computes with :func:`skinny_linear`.
+
+    Used around hf-dspark's decoding loop (``generate`` with a drafter, the engine's steps) where the target and
+    drafter see 1-8 rows per forward; ``hf_dspark.skinny_linears(model)`` gives plain ``generate`` the same
+    kernel (``with skinny_linears(model): model.generate(...)``). The modules are patched per instance and
+    restored on exit; modules whose ``forward`` is already replaced on the instance (accelerate hooks) are left
+    alone; re-entering for a module already patched is a no-op."""
+
+    def __init__(self, *models: nn.Module | None):
+        self.models = [m for m in models if m is not None]
+        self._patched: list[nn.Linear] = []
+
+    def __enter__(self):
+        seen = set()
+        for model in self.models:
+            for module in model.modules():
+                if (type(module) is nn.Linear and id(module) not in seen and "forward" not in module.__dict__
+                        and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32):
+                    seen.add(id(module))
+                    module.forward = _SkinnyForward(module)
+                    self._patched.append(module)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self._patched:
+            module.__dict__.pop("forward", None)
+        self._patched.clear()
+
+
+class _SkinnyForward:
+    """The patched ``forward`` of one module (a class, not a closure, so :func:`linear_kernel` can recognise it)."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Linear):
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        return skinny_linear(x, module.weight, module.bias)
+
+
+def skinny_applies(model: nn.Module) -> bool:
+    """Whether :class:`skinny_linears` changes anything for ``model`` (a CPU fp32 output head)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return weight is not None and weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
+def linear_kernel(model: nn.Module) -> str:
+    """The kernel ``model``'s linears run with right now (:data:`SKINNY_KERNEL` inside :class:`skinny_linears`)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    patched = head is not None and isinstance(head.__dict__.get("forward"), _SkinnyForward)
+    return SKINNY_KERNEL if patched else STOCK_KERNEL

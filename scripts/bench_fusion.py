@@ -8,6 +8,11 @@ Arms, every generation run by each of them in rotating order on the same input:
     DSpark only    hf-dspark, drafter only (dspark_lookup=False), cost-aware scheduler
     fused          hf-dspark default: lookup + drafter under the cost-aware scheduler
 
+and, on request (``--arms``): "plain, skinny linears" / "prompt lookup, skinny linears" (the peers with the CPU
+kernel hf-dspark's loop uses, ``hf_dspark.cpu_kernels.skinny_linears``: what is speculation and what is the
+kernel), "fused, stock linears" (``dspark_cpu_linears=False``), "no proposals", "fused, no prefix cache" and the
+engine arms.
+
 Workloads: the benchmark prompts (gsm8k, math500, humaneval, mbpp, mt-bench turn 1, and mt-bench turn 2, which
 re-reads the turn-1 answer plain greedy wrote), the fixed held-out prompts no recipe trains on (``data/heldout``:
 hand-written chat and code requests, ``--heldout N`` of each) and the multi-turn tool-calling agent loop of
@@ -26,6 +31,7 @@ import logging
 import sys
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: E402
 
+from hf_dspark.cpu_kernels import skinny_linears  # noqa: E402
 from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
 from hf_dspark.evaluation.heldout import read_heldout  # noqa: E402
 from hf_dspark.loading import load_drafter, load_target  # noqa: E402
@@ -60,6 +67,11 @@ def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
              "fused, no prefix cache": {"assistant_model": drafter, "dspark_lookup_scope": "fused-nocache",
                                         "dspark_prefix_cache": False},
              "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False},
+             # the CPU kernel of hf-dspark's loop given to the peers, and taken from hf-dspark
+             "plain, skinny linears": {"skinny": True},
+             "prompt lookup, skinny linears": {"prompt_lookup_num_tokens": 10, "skinny": True},
+             "fused, stock linears": {"assistant_model": drafter, "dspark_lookup_scope": "fused-stock",
+                                      "dspark_cpu_linears": False},
              # the serving engine at one request in flight, on the same conversation (its own scope)
              "engine": {"engine": {"prefix_cache": True}, "lookup_scope": "engine"},
              "engine, no prefix cache": {"engine": {"prefix_cache": False}, "lookup_scope": "engine-nocache"}}
@@ -107,9 +119,11 @@ class Runner:
                     "lookup_scope"], **sampling).result().token_ids
                 seconds = time.perf_counter() - start
             else:
-                out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                           pad_token_id=self.tokenizer.pad_token_id, **self.sampling,
-                                           **self.arms[name])
+                kwargs = {k: v for k, v in self.arms[name].items() if k != "skinny"}
+                with skinny_linears(self.target) if self.arms[name].get("skinny") else nullcontext():
+                    out = self.target.generate(ids, attention_mask=torch.ones_like(ids),
+                                               max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                                               **self.sampling, **kwargs)
                 seconds = time.perf_counter() - start
                 new = out[0, ids.shape[1]:].tolist()
             outputs[name] = new
@@ -209,7 +223,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-benchmarks", action="store_true")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                    help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals, "
-                        "fused, no prefix cache)")
+                        "fused, no prefix cache, plain, skinny linears, prompt lookup, skinny linears, fused, stock "
+                        "linears, engine, engine, no prefix cache)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -228,7 +243,9 @@ def main(argv=None) -> int:
     for extra in arms(drafter, args.arms).values():  # one-off costs (the step-cost profile, kernels) are not timed
         if "engine" in extra:
             continue  # the Runner builds the engines and measures their step cost before timing
-        target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **extra)
+        kwargs = {k: v for k, v in extra.items() if k != "skinny"}
+        with skinny_linears(target) if extra.get("skinny") else nullcontext():
+            target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **kwargs)
     rows = []
     for temperature in args.temperatures:
         runner = Runner(target, tokenizer, drafter, temperature, args.seed, args.arms)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import fields
 
 import torch
@@ -21,6 +22,7 @@ from transformers import DynamicCache
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..cpu_kernels import skinny_applies, skinny_linears
 from ..metrics import DSparkStats
 from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
@@ -125,7 +127,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
                   dspark_lookup_scope: str | None = None, dspark_prefix_cache: bool = True, dspark_step_cost=None,
-                  tokenizer=None, **model_kwargs):
+                  dspark_cpu_linears: bool = True, tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
@@ -138,6 +140,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it. Within a scope a batch-1 call also
     keeps its caches for the next call of that scope, which prefills only the part of its prompt that is new (an
     agent's growing conversation; ``generation/prefix_cache.py``); ``dspark_prefix_cache=False`` turns that off.
+    On a CPU fp32 target the loop's linears run as skinny ``W @ xᵀ`` products (``cpu_kernels.skinny_linears``:
+    one step and short verifies much cheaper than stock ``F.linear``'s, results within its last bits);
+    ``dspark_cpu_linears=False`` keeps the stock kernels.
 
     Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round
     (0 = no drafting) and ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose
@@ -163,7 +168,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else DynamicCache(config=model.config)
     do_sample = bool(generation_config.do_sample)
-    with TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
+    linears = skinny_linears(model, drafter) if dspark_cpu_linears and skinny_applies(model) else nullcontext()
+    with linears, TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
         batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,

@@ -38,7 +38,7 @@ class SpeculationMemory:
     history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
     calibrator: LookupCalibrator = field(default_factory=LookupCalibrator)
     policies: dict = field(default_factory=dict)  # drafter token -> ScheduledPolicy
-    costs: dict = field(default_factory=dict)  # (drafter token, rows, width) -> StepCostProfile
+    costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
     prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (scope, drafter token) -> caches
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -56,8 +56,10 @@ class SpeculationMemory:
         size; on disk across processes, see ``scheduling.step_cost.profile_step_cost``)."""
         from ..scheduling.step_cost import profile_step_cost
 
+        from ..cpu_kernels import linear_kernel
+
         rows = 1 << max(rows - 1, 0).bit_length()  # powers of two: batches of 3 and 4 share a profile
-        key = (_token(drafter), rows, width)
+        key = (_token(drafter), rows, width, linear_kernel(target))  # the kernel the loop runs changes the cost
         with self.lock:
             cost = self.costs.get(key)
         if cost is None:

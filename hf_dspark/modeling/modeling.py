@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
+from ..cpu_kernels import SKINNY_KERNEL, linear_kernel, skinny_linear
 from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequential_head, register_drafter_architecture
 from .configuration import DSparkConfig
 from .draft_cache import ContextUpdate, DraftCache
@@ -247,13 +248,20 @@ class DSparkDraftModel(PreTrainedModel):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's frozen LM head (and logit soft-cap, for families that have one): full-vocabulary logits."""
-        return self._soft_cap(F.linear(hidden, self.target.get_output_embeddings().weight.detach()))
+        return self._soft_cap(self._linear(hidden, self.target.get_output_embeddings().weight.detach()))
 
     def compute_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [..., V'] (the LM head's rows ``draft_to_target``; all rows if full)."""
         if self.draft_to_target is None:
             return self.compute_logits(hidden)
-        return self._soft_cap(F.linear(hidden, self._draft_lm_head()))
+        return self._soft_cap(self._linear(hidden, self._draft_lm_head()))
+
+    def _linear(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The shared head's product with the kernel the target's linears run with right now (inside hf-dspark's
+        loop on a CPU fp32 target: ``cpu_kernels.skinny_linear``; elsewhere ``F.linear``)."""
+        if linear_kernel(self.target) == SKINNY_KERNEL:
+            return skinny_linear(hidden, weight)
+        return F.linear(hidden, weight)
 
     def to_target_vocab(self, draft_logits: torch.Tensor, draft_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Draft-space logits [..., K] -> target-vocabulary logits [..., V], -inf where the drafter has no mass.

@@ -55,12 +55,16 @@ _CACHE_SUBDIR = "sps"
 # ---------------------------------------------------------------------------------------------------------
 def profile_cache_key(target, batch_tokens: Sequence[int], *, context_len: int, row_len: int, dtype: torch.dtype,
                       device: torch.device | str, repeats: int) -> str:
-    """Hash of everything that changes the curve: model identity + config, dtype, device, CPU threads, grid."""
+    """Hash of everything that changes the curve: model identity + config, dtype, device, CPU threads, grid,
+    the kernel the linears run with (``cpu_kernels.linear_kernel``)."""
+    from ..cpu_kernels import linear_kernel
+
     config = target.config.to_json_string(use_diff=False) if hasattr(target.config, "to_json_string") else ""
     ident = {"name": getattr(target.config, "_name_or_path", "") or type(target).__name__,
              "config": hashlib.sha256(config.encode()).hexdigest(), "dtype": str(dtype), "device": str(device),
              "threads": torch.get_num_threads(), "grid": list(batch_tokens), "context_len": context_len,
-             "row_len": row_len, "repeats": repeats, "torch": torch.__version__, "version": _CACHE_VERSION}
+             "row_len": row_len, "repeats": repeats, "torch": torch.__version__, "version": _CACHE_VERSION,
+             "linears": linear_kernel(target)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..cpu_kernels import skinny_applies, skinny_linears
 from ..generation.lookup import LookupHistory, LookupProposer
 from ..generation.lookup_calibration import LookupCalibrator
 from ..generation.memory import LONG_MATCH_TOKENS, memory_for
@@ -106,6 +107,9 @@ class DSparkEngine(PrefillMixin):
             Bounded (``prefix_cache_bytes``, 8 entries, LRU), never without a scope, never across scopes or
             changed weights; not for autoregressive drafters.
         prefix_cache_bytes (`int`, defaults to 512 MiB): memory the kept caches may hold.
+        cpu_linears (`bool`, defaults to True): on a CPU fp32 target, steps (and the step-cost profile) run the
+            linears as skinny ``W @ xᵀ`` products (``cpu_kernels.skinny_linears``: a few rows per forward cost far
+            less than with stock ``F.linear``, results within its last bits); False keeps the stock kernels.
     """
 
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
@@ -117,7 +121,7 @@ class DSparkEngine(PrefillMixin):
                  sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
                  log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536,
-                 prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES, cpu_linears: bool = True):
         raise_if_unsupported_target(target, "DSparkEngine")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
@@ -147,6 +151,7 @@ class DSparkEngine(PrefillMixin):
         self.log_interval_s = float(log_interval_s)
         self._raise_if_invalid_limits()
         self.default_eos_ids = _target_eos_ids(target)
+        self.cpu_linears = bool(cpu_linears) and skinny_applies(target)
         self._sps_source, self._sps, self._step_cost, self.sps_cache_dir = sps, None, None, sps_cache_dir
         # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model (and
         # in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
@@ -199,9 +204,10 @@ class DSparkEngine(PrefillMixin):
             elif source is not None:
                 self._step_cost = StepCostProfile.from_sps(self.sps, max_width, self.max_running_requests)
             else:
-                self._step_cost = profile_step_cost(self.target, self.draft if self.draft_width else None,
-                                                    max_rows=self.max_running_requests, max_width=max_width,
-                                                    cache_dir=self.sps_cache_dir)
+                with self._linears():  # measured with the kernel the steps run
+                    self._step_cost = profile_step_cost(self.target, self.draft if self.draft_width else None,
+                                                        max_rows=self.max_running_requests, max_width=max_width,
+                                                        cache_dir=self.sps_cache_dir)
         return self._step_cost
 
     @property
@@ -366,7 +372,7 @@ class DSparkEngine(PrefillMixin):
                 return False
             start = time.perf_counter()
             try:
-                with torch.no_grad(), self._feature_tap() as tap:
+                with torch.no_grad(), self._linears(), self._feature_tap() as tap:
                     self._admit()
                     joining = self._prefill(tap)
                     if joining and self.draft_width:
@@ -383,6 +389,13 @@ class DSparkEngine(PrefillMixin):
                 self.engine_metrics.busy_seconds += time.perf_counter() - start
             self._maybe_log()
             return True
+
+    def _linears(self):
+        """The kernel every forward of a step runs with (``cpu_kernels``), patched for the step only: the caller's
+        own use of the target between steps keeps its stock linears."""
+        if not self.cpu_linears:
+            return contextlib.nullcontext()
+        return skinny_linears(self.target, self.draft)
 
     def _feature_tap(self):
         if not self.draft_width:

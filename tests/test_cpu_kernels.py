@@ -1,0 +1,156 @@
+"""The skinny CPU linears hf-dspark's loop runs with (cpu_kernels.skinny_linear / skinny_linears): the same products
+as F.linear within fp32 rounding, F.linear itself wherever the kernel does not apply, patched only inside the
+block, and used by generate and the engine unless turned off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import flat_cost, make_tiny_llama
+from torch import nn
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.cpu_kernels import (
+    SKINNY_KERNEL,
+    SKINNY_MAX_ROWS,
+    STOCK_KERNEL,
+    linear_kernel,
+    skinny_applies,
+    skinny_linear,
+    skinny_linears,
+)
+from hf_dspark.scheduling.step_cost import profile_cache_key
+
+PROMPT = torch.tensor([[1, 17, 33, 5, 60, 41, 17, 33, 5]])
+
+
+@pytest.mark.parametrize("rows", range(1, SKINNY_MAX_ROWS + 3))
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_matches_f_linear_within_rounding(rows, bias):
+    torch.manual_seed(rows)
+    weight, x = torch.randn(300, 72), torch.randn(rows, 72)
+    b = torch.randn(300) if bias else None
+    with torch.no_grad():
+        out = skinny_linear(x, weight, b)
+    assert out.shape == (rows, 300) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    if rows > SKINNY_MAX_ROWS:  # beyond the kernel's rows: F.linear itself
+        assert torch.equal(out, F.linear(x, weight, b))
+
+
+def test_skinny_linear_keeps_leading_dims_and_reads_strided_input():
+    torch.manual_seed(0)
+    weight = torch.randn(40, 16)
+    x = torch.randn(2, 16, 3).transpose(1, 2)  # [2, 3, 16], not contiguous: 6 rows
+    with torch.no_grad():
+        out = skinny_linear(x, weight)
+    assert out.shape == (2, 3, 40)
+    torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_skinny_linear_is_f_linear_where_it_does_not_apply():
+    torch.manual_seed(0)
+    weight = torch.randn(40, 16, requires_grad=True)
+    x = torch.randn(3, 16)
+    out = skinny_linear(x, weight)  # gradients wanted: the autograd path, bit for bit
+    assert out.requires_grad and torch.equal(out, F.linear(x, weight))
+    out.sum().backward()
+    assert weight.grad is not None
+    with torch.no_grad():
+        x64, w64 = x.double(), weight.detach().double()
+        assert torch.equal(skinny_linear(x64, w64), F.linear(x64, w64))  # not fp32
+
+
+class _Hooked(nn.Module):
+    """A module whose forward is already replaced on the instance (as accelerate's hooks do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.inner.forward = lambda x: x * 0  # stand-in for a hook wrapper
+
+
+def test_skinny_linears_patches_inside_the_block_only():
+    model = make_tiny_llama()
+    hooked = _Hooked()
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert linears and skinny_applies(model) and linear_kernel(model) == STOCK_KERNEL
+    with skinny_linears(model, hooked, model):  # a model given twice is patched once
+        assert linear_kernel(model) == SKINNY_KERNEL
+        assert all("forward" in m.__dict__ for m in linears)
+        with skinny_linears(model):  # re-entry leaves the outer patch in place
+            assert linear_kernel(model) == SKINNY_KERNEL
+        assert linear_kernel(model) == SKINNY_KERNEL
+        assert hooked.inner(torch.ones(1, 8)).abs().sum() == 0  # the existing instance forward is untouched
+    assert linear_kernel(model) == STOCK_KERNEL
+    assert not any("forward" in m.__dict__ for m in linears)
+    assert "forward" in hooked.inner.__dict__
+
+
+def test_skinny_linears_gives_plain_generate_the_same_tokens():
+    model = make_tiny_llama()
+    expected = model.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    with skinny_linears(model):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=12)
+    assert torch.equal(out, expected)
+
+
+def test_step_cost_cache_key_names_the_kernel():
+    model = make_tiny_llama()
+    key = dict(context_len=16, row_len=4, dtype=torch.float32, device="cpu", repeats=1)
+    stock = profile_cache_key(model, [1, 2], **key)
+    with skinny_linears(model):
+        skinny = profile_cache_key(model, [1, 2], **key)
+    assert stock != skinny and profile_cache_key(model, [1, 2], **key) == stock
+
+
+def _kernels_seen(model) -> tuple[list[str], object]:
+    seen: list[str] = []
+    handle = model.register_forward_pre_hook(lambda module, args: seen.append(linear_kernel(module)))
+    return seen, handle
+
+
+@pytest.mark.parametrize("cpu_linears", [True, False])
+def test_generate_runs_its_loop_with_the_kernel_unless_turned_off(cpu_linears):
+    target = make_tiny_llama()
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=16)
+    seen, handle = _kernels_seen(target)
+    out = target.generate(PROMPT, do_sample=False, max_new_tokens=16, assistant_model=draft,
+                          dspark_step_cost=flat_cost(), dspark_cpu_linears=cpu_linears)
+    handle.remove()
+    assert torch.equal(out, expected)
+    assert set(seen) == {SKINNY_KERNEL if cpu_linears else STOCK_KERNEL}
+    assert linear_kernel(target) == STOCK_KERNEL  # restored after the call
+
+
+def test_stock_linears_keep_plain_rounds_bit_identical_to_plain_decoding():
+    """With the kernel off, hf-dspark's plain rounds compute exactly what transformers' decoding step does."""
+    target = make_tiny_llama()
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    kwargs = dict(do_sample=False, max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    plain = target.generate(PROMPT, **kwargs)
+    ours = target.generate(PROMPT, assistant_model=draft, dspark_policy="none", dspark_lookup=False,
+                           dspark_cpu_linears=False, **kwargs)
+    assert torch.equal(ours.sequences, plain.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(ours.scores, plain.scores, strict=True))
+
+
+@pytest.mark.parametrize("cpu_linears", [True, False])
+def test_engine_steps_run_with_the_kernel_unless_turned_off(cpu_linears):
+    from hf_dspark.serving import DSparkEngine
+
+    target = make_tiny_llama()
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=10)[0, PROMPT.shape[1]:].tolist()
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost(), cpu_linears=cpu_linears)
+    seen, handle = _kernels_seen(target)
+    out = engine.generate([PROMPT[0].tolist()], max_new_tokens=10)[0]
+    handle.remove()
+    assert out.token_ids == expected
+    assert set(seen) == {SKINNY_KERNEL if cpu_linears else STOCK_KERNEL}
+    assert linear_kernel(target) == STOCK_KERNEL
