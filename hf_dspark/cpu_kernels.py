@@ -5,7 +5,7 @@ Why: on CPUs without bf16 matmul units, stock fp32 ``F.linear`` has slow 1-row a
 decoding step is slower than the memory bandwidth allows and verifying k tokens costs much more than one.
 
 * :class:`skinny_linears` (on by default inside hf-dspark's decoding loop on a CPU fp32 target; also a public
-  context manager for plain ``generate``) computes 1-8 rows as ``W @ xᵀ`` with 2, 4 or 8 columns: no copy of any
+  context manager for plain ``generate``) computes 1-16 rows as ``W @ xᵀ`` with 2 to 16 columns: no copy of any
   weight, results within the last bits of ``F.linear``'s (measured on the project's 2-core AVX2 box, SmolLM2-135M:
   one step 0.62×, verifying 2 tokens 0.68×, 4 tokens 0.82× of the stock 1-token step).
 * :func:`prepack_linears` (opt-in, replaces the modules) packs each weight once for oneDNN (verify(8)/verify(1)
@@ -69,45 +69,53 @@ def prepack_linears(model: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------------
 # Skinny linears: a few rows through a big fp32 weight, as ``weight @ xᵀ``
 # ---------------------------------------------------------------------------------------------------------
-#: rows -> rows actually multiplied (zero-padded): the column counts MKL's ``W @ Xᵀ`` path handles fastest
-SKINNY_PADDED_ROWS = (0, 2, 2, 4, 4, 8, 8, 8, 8)
+#: rows -> rows actually multiplied (zero-padded): the column counts MKL's ``W @ Xᵀ`` path handles fastest on the
+#: project's CPU (SmolLM2-135M forward, × the stock 1-token step: 1 row 0.63, 5 rows as 6: 1.13 (as 8: 1.34),
+#: 9-16 rows as 16: 1.54-1.69 (stock 1.70-1.81; as 12: 1.74-1.84))
+SKINNY_PADDED_ROWS = (0, 2, 2, 4, 4, 6, 6, 8, 8) + (16,) * 8
 #: more rows than this go through ``F.linear`` unchanged
 SKINNY_MAX_ROWS = len(SKINNY_PADDED_ROWS) - 1
 #: the kernel's name in step-cost cache keys: a table measured with one kernel is not valid for the other
-SKINNY_KERNEL = "skinny-v1"
+SKINNY_KERNEL = "skinny-v2"
 STOCK_KERNEL = "stock"
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for inference on CPU fp32, fast when ``x`` has 1-8 rows.
+    """``F.linear(x, weight, bias)`` for inference on CPU fp32, fast when ``x`` has 1-16 rows.
 
     Why: stock fp32 ``F.linear`` computes ``x @ Wᵀ``; with one row MKL runs a gemv that uses one core's memory
-    bandwidth, with 2-8 rows a small-M gemm that is slower still (measured on the project's 2-core AVX2 box,
-    SmolLM2-135M: verifying 2 tokens cost 1.6× one plain step). ``W @ xᵀ`` with 2, 4 or 8 columns streams the
-    weight once on both cores: one plain step 0.62×, verify(2) 0.68×, verify(4) 0.82× of the stock step. The
-    same products are summed in another order, so results differ from ``F.linear`` in the last bits (as the
-    stock kernels' own 1-row and k-row results differ from each other). Anything else — grad, other devices or
-    dtypes, more rows — is plain ``F.linear``."""
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if (not 1 <= rows <= SKINNY_MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or weight.dim() != 2
+    bandwidth, with 2-16 rows a small-M gemm that is slower still (measured on the project's 2-core AVX2 box,
+    SmolLM2-135M: verifying 2 tokens cost 1.6× one plain step). ``W @ xᵀ`` with 2 to 16 columns
+    (:data:`SKINNY_PADDED_ROWS`) streams the weight once on both cores: one plain step 0.62×, verify(2) 0.68×,
+    verify(4) 0.82× of the stock step. The same products are summed in another order, so results differ from
+    ``F.linear`` in the last bits (as the stock kernels' own 1-row and k-row results differ from each other).
+    Anything else — grad, other devices or dtypes, more rows — is plain ``F.linear``."""
+    # every check is an attribute read: this runs for each of a model's linears in every forward
+    shape = x.shape
+    if (not shape or x.dtype is not torch.float32 or weight.dtype is not torch.float32 or not x.is_cpu
+            or not weight.is_cpu or weight.dim() != 2
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
-    flat = x.reshape(rows, x.shape[-1])
-    padded = SKINNY_PADDED_ROWS[rows]
-    if padded > rows:
-        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
-    out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()  # [rows, out]
+    width = shape[-1]
+    rows = x.numel() // width if width else 0
+    if not 1 <= rows <= SKINNY_MAX_ROWS:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, width)
+    extra = SKINNY_PADDED_ROWS[rows] - rows
+    if extra:  # pad with copies of the first rows (never more than there are), sliced off the result
+        flat = torch.cat((flat, flat if extra == rows else flat[:extra]))
+    out = torch.mm(weight, flat.t()).t()  # [padded rows, out], transposed
+    out = (out[:rows] if extra else out).contiguous()
     if bias is not None:
         out += bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(shape[:-1] + (weight.shape[0],))
 
 
 class skinny_linears:  # noqa: N801 (a context manager used like a function, as torch.no_grad)
     """Within the block, every CPU fp32 ``nn.Linear`` of ``models`` computes with :func:`skinny_linear`.
 
     Used around hf-dspark's decoding loop (``generate`` with a drafter, the engine's steps) where the target and
-    drafter see 1-8 rows per forward; ``hf_dspark.skinny_linears(model)`` gives plain ``generate`` the same
+    drafter see 1-16 rows per forward; ``hf_dspark.skinny_linears(model)`` gives plain ``generate`` the same
     kernel (``with skinny_linears(model): model.generate(...)``). The modules are patched per instance and
     restored on exit; modules whose ``forward`` is already replaced on the instance (accelerate hooks) are left
     alone; re-entering for a module already patched is a no-op."""
