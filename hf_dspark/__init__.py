@@ -4,6 +4,7 @@ __version__ = "0.1.0.dev0"
 
 from transformers import AutoConfig, AutoModel
 
+from .cpu_kernels import skinny_linears
 from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable
 from .metrics import DSparkStats
@@ -26,4 +27,5 @@ __all__ = [
     "load_default_drafter",
     "enable",
     "disable",
+    "skinny_linears",
 ]

@@ -3,8 +3,10 @@
 Every configuration runs on the same prompts, interleaved prompt by prompt (round robin) so the noise of a shared
 machine hits all of them alike; results are ratios to plain ``generate`` measured in the same run. Greedy
 speculative outputs are checked token for token against plain greedy of the same model. Configurations: plain
-fp32, plain fp32 with oneDNN-prepacked linears (``cpu_kernels``), prompt lookup, hf-dspark on both, and optional
-threshold / fixed-γ variants, a second drafter to compare, a DFlash drafter and a bf16 target.
+fp32, plain fp32 with the skinny CPU linears hf-dspark's loop runs with and with oneDNN-prepacked linears
+(``cpu_kernels``), prompt lookup, hf-dspark (its baseline: plain with the same kernel; the stock-kernel run
+against stock plain), hf-dspark prepacked, and optional threshold / fixed-γ variants, a second drafter to
+compare, a DFlash drafter and a bf16 target.
 """
 
 from __future__ import annotations
@@ -13,18 +15,22 @@ import copy
 import random
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..cpu_kernels import prepack_linears
+from ..cpu_kernels import prepack_linears, skinny_linears
 from ..training.prompts import read_prompts
 from .benchmarks import benchmark_path
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 PLAIN = "plain fp32"
 PLAIN_PACKED = "plain fp32 prepacked"
+PLAIN_SKINNY = "plain fp32 skinny linears"
+#: a configuration's generate kwargs with this key set run plain ``generate`` inside ``skinny_linears``
+SKINNY = "_skinny_linears"
 
 
 @dataclass
@@ -74,9 +80,12 @@ def build_configs(target, drafter, settings: GenerateBenchSettings, *, compare=N
     packed_drafter = prepacked_copy(drafter, packed)
     configs = {
         PLAIN: (target, {}, PLAIN),
+        PLAIN_SKINNY: (target, {SKINNY: True}, PLAIN),
         PLAIN_PACKED: (packed, {}, PLAIN),
         "prompt lookup fp32": (target, {"prompt_lookup_num_tokens": 10}, PLAIN),
-        "hf-dspark fp32": (target, {"assistant_model": drafter}, PLAIN),
+        # hf-dspark's loop runs the skinny kernel: its baseline is plain decoding with that kernel
+        "hf-dspark fp32": (target, {"assistant_model": drafter}, PLAIN_SKINNY),
+        "hf-dspark fp32, stock linears": (target, {"assistant_model": drafter, "dspark_cpu_linears": False}, PLAIN),
         "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, PLAIN_PACKED),
     }
     if settings.prepacked_only:
@@ -106,8 +115,10 @@ def build_configs(target, drafter, settings: GenerateBenchSettings, *, compare=N
 
 
 def _timed_generate(model, ids, **kwargs):
+    skinny = kwargs.pop(SKINNY, False)
     start = time.perf_counter()
-    out = model.generate(ids, **kwargs)
+    with skinny_linears(model) if skinny else nullcontext():
+        out = model.generate(ids, **kwargs)
     return out, time.perf_counter() - start
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_dspark.evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
-                                                 heldout_prompts, results_table, run_generate_bench)
+                                                 SKINNY, heldout_prompts, results_table, run_generate_bench)
 
 
 class WordTokenizer:
@@ -25,11 +25,15 @@ def test_configurations_and_their_baselines(tiny_target, tiny_drafter):
     configs = build_configs(tiny_target, tiny_drafter, settings, dflash=tiny_drafter)
     assert {name: base for name, (_, _, base) in configs.items()} == {
         "plain fp32": "plain fp32", "plain fp32 prepacked": "plain fp32", "prompt lookup fp32": "plain fp32",
-        "hf-dspark fp32": "plain fp32", "hf-dspark fp32 prepacked": "plain fp32 prepacked",
+        # hf-dspark's loop runs the skinny kernel: divided by plain with that kernel; the stock loop by stock plain
+        "plain fp32 skinny linears": "plain fp32", "hf-dspark fp32": "plain fp32 skinny linears",
+        "hf-dspark fp32, stock linears": "plain fp32", "hf-dspark fp32 prepacked": "plain fp32 prepacked",
         "hf-dspark fp32 prepacked, threshold 0.5": "plain fp32 prepacked",
         "hf-dspark fp32, threshold 0.25": "plain fp32", "hf-dspark fp32 prepacked, γ=2": "plain fp32 prepacked",
         "hf-dflash fp32": "plain fp32"}
     assert configs["hf-dspark fp32 prepacked, γ=2"][1]["dspark_num_tokens"] == 2
+    assert configs["plain fp32 skinny linears"][1] == {SKINNY: True}
+    assert configs["hf-dspark fp32, stock linears"][1]["dspark_cpu_linears"] is False
     packed_drafter = configs["hf-dspark fp32 prepacked"][1]["assistant_model"]
     assert packed_drafter is not tiny_drafter and packed_drafter.target is configs["plain fp32 prepacked"][0]
     assert tiny_drafter.target is tiny_target  # the original stays bound to the stock target
