@@ -202,11 +202,6 @@ class ThresholdPolicy(VerifyPolicy):
         return _as_result(chosen, max_lengths)
 
 
-#: the fast acceptance estimate replaces the slow one where it is below this fraction of it (a change of traffic,
-#: not round-to-round noise)
-FAST_OVERRIDE = 0.75
-
-
 @register_policy("scheduled")
 class ScheduledPolicy(VerifyPolicy):
     """Paper Algorithm 1: maximise Θ = τ · SPS(B) by admitting candidates in order of prefix survival a_{r,j},
@@ -240,12 +235,7 @@ class ScheduledPolicy(VerifyPolicy):
     Offline STS fixes the calibration on held-out data; live traffic can differ (our SmolLM2 drafter's
     confidences were fitted where position 1 is accepted 57 % of the time, and real prompts accept ~25 %),
     and an over-confident scheduler verifies more than pays. The factor depends on resolved rounds only, so
-    a'_{r,j} still reads x_{r,<j} alone: lossless as above. Next to that slow estimate (decay 0.995, ~200 rounds
-    of memory) the policy keeps a fast one (``fast_calibration_decay`` 0.8, ~5 rounds, shrunk towards the slow
-    one) that takes over where it is below three quarters of the slow one: when the traffic turns to text the
-    drafter does not know (code after chat), drafting stops within a few rounds instead of the ~50 the slow
-    estimate needs (measured: "DSpark only" on humaneval right after gsm8k drafted 51 rounds for τ 1.00, at 0.89×
-    plain rounds), while ordinary round-to-round noise leaves the slow estimate in charge.
+    a'_{r,j} still reads x_{r,<j} alone: lossless as above.
     """
 
     needs_step_cost = True
@@ -253,8 +243,7 @@ class ScheduledPolicy(VerifyPolicy):
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
                  calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded",
-                 probe_backoff: float = 1.0, max_probe_interval: int = 1024, fast_calibration_decay: float = 0.8,
-                 fast_calibration_prior: float = 1.0):
+                 probe_backoff: float = 1.0, max_probe_interval: int = 1024):
         if objective not in ("padded", "tokens"):
             raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
                              f"(the paper's Θ = τ · SPS(Σ(1 + ℓ_r))), got {objective!r}")
@@ -269,23 +258,18 @@ class ScheduledPolicy(VerifyPolicy):
         if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
             raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
                              f"{probe_interval}, {survival_momentum}")
-        if (not 0.0 < calibration_decay <= 1.0 or calibration_prior < 0 or not 0.0 < fast_calibration_decay <= 1.0
-                or fast_calibration_prior <= 0):
-            raise ValueError(f"scheduled: calibration_decay and fast_calibration_decay must be in (0, 1], "
-                             f"calibration_prior >= 0 and fast_calibration_prior > 0, got {calibration_decay}, "
-                             f"{fast_calibration_decay}, {calibration_prior}, {fast_calibration_prior}")
+        if not 0.0 < calibration_decay <= 1.0 or calibration_prior < 0:
+            raise ValueError(f"scheduled: calibration_decay must be in (0, 1] and calibration_prior >= 0, got "
+                             f"{calibration_decay}, {calibration_prior}")
         self.missing_confidence = missing_confidence
         self.probe_interval = probe_interval
         self.survival_momentum = survival_momentum
         self.online_calibration = online_calibration
         self.calibration_decay = calibration_decay
         self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
-        self.fast_calibration_decay = fast_calibration_decay
-        self.fast_calibration_prior = fast_calibration_prior  # pseudo-drafts at the slow factor
         self._time_ratio = {False: 1.0, True: 1.0}  # running actual / predicted step seconds: plain, drafted
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
-        self._fast: np.ndarray | None = None  # [2, γ]: the same two sums with the fast decay
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
         self._skipped_in_a_row = 0
@@ -393,18 +377,12 @@ class ScheduledPolicy(VerifyPolicy):
         return np.where(np.asarray(switchable, dtype=bool), better, use_lookup)
 
     def calibration_factors(self, gamma: int) -> np.ndarray:
-        """Per-position multiplier of the confidences: the slow estimate (realised + prior) / (predicted + prior),
-        or the fast one (shrunk towards it) where that is below :data:`FAST_OVERRIDE` × the slow one; 1 without
-        data."""
+        """Per-position multiplier of the confidences: (realised + prior) / (predicted + prior); 1 without data."""
         factors = np.ones(gamma)
         if self.online_calibration and self._predicted is not None:
             n = min(gamma, self._predicted.size)  # positions never observed keep factor 1
             prior = self.calibration_prior
-            slow = (self._realised[:n] + prior) / (self._predicted[:n] + prior)
-            predicted, realised = self._fast[0, :n], self._fast[1, :n]
-            fast_prior = self.fast_calibration_prior
-            fast = (realised + fast_prior * slow) / (predicted + fast_prior)
-            factors[:n] = np.where(fast < FAST_OVERRIDE * slow, fast, slow)
+            factors[:n] = (self._realised[:n] + prior) / (self._predicted[:n] + prior)
         return factors
 
     def calibrated(self, conf: np.ndarray) -> np.ndarray:
@@ -427,10 +405,9 @@ class ScheduledPolicy(VerifyPolicy):
         predicted = (conf * reached).sum(axis=0)
         realised = (reached & (positions <= accepted[:, None])).sum(axis=0).astype(np.float64)
         if self._predicted is None or self._predicted.size != gamma:
-            self._predicted, self._realised, self._fast = np.zeros(gamma), np.zeros(gamma), np.zeros((2, gamma))
+            self._predicted, self._realised = np.zeros(gamma), np.zeros(gamma)
         self._predicted = self.calibration_decay * self._predicted + predicted
         self._realised = self.calibration_decay * self._realised + realised
-        self._fast = self.fast_calibration_decay * self._fast + np.stack([predicted, realised])
 
     def _remember(self, survival: np.ndarray) -> None:
         mean = survival.mean(axis=0)

@@ -372,24 +372,6 @@ def test_online_calibration_corrects_over_confidence():
     assert (under.calibration_factors(3) > 1.5).all()
 
 
-def test_fast_calibration_stops_drafting_soon_after_the_traffic_changes():
-    """200 rounds where position 1 is always accepted at confidence 0.5, then 10 where it never is (chat, then code
-    the drafter does not know): the fast estimate has scaled position 1 down to under half of the slow one's factor;
-    with the fast estimate out of play (an overwhelming prior towards the slow one) the factor barely moved."""
-    conf = torch.full((1, 3), 0.5, dtype=torch.float64)
-    both = make_policy("scheduled")
-    slow_only = make_policy("scheduled", fast_calibration_prior=1e12)
-    for policy in (both, slow_only):
-        for _ in range(200):
-            policy.observe(conf, torch.tensor([1]), torch.tensor([1]))
-        assert policy.calibration_factors(3)[0] > 1.5
-        for _ in range(10):
-            policy.observe(conf, torch.tensor([1]), torch.tensor([0]))
-    slow, fast = slow_only.calibration_factors(3)[0], both.calibration_factors(3)[0]
-    assert slow > 1.3 and fast < slow / 2
-    assert both.calibration_factors(3)[1:] == pytest.approx(1.0)  # never reached
-
-
 def test_measured_step_times_steer_the_drafting_decision():
     """The profile says drafting pays; measured drafted steps take 3× their prediction (overheads the bare
     forwards do not show), so after a few observed steps the policy stops drafting."""
