@@ -69,9 +69,9 @@ def prepack_linears(model: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------------
 # Skinny linears: a few rows through a big fp32 weight, as ``weight @ xᵀ``
 # ---------------------------------------------------------------------------------------------------------
-#: rows -> rows actually multiplied (zero-padded): the column counts MKL's ``W @ Xᵀ`` path handles fastest on the
-#: project's CPU (SmolLM2-135M forward, × the stock 1-token step: 1 row 0.63, 5 rows as 6: 1.13 (as 8: 1.34),
-#: 9-16 rows as 16: 1.54-1.69 (stock 1.70-1.81; as 12: 1.74-1.84))
+#: rows -> rows actually multiplied (padded with copies of the first rows): the column counts MKL's ``W @ Xᵀ``
+#: path handles fastest on the project's CPU (SmolLM2-135M forward, × the stock 1-token step: 1 row 0.63,
+#: 5 rows as 6: 1.13 (as 8: 1.34), 9-16 rows as 16: 1.54-1.69 (stock 1.70-1.81; as 12: 1.74-1.84))
 SKINNY_PADDED_ROWS = (0, 2, 2, 4, 4, 6, 6, 8, 8) + (16,) * 8
 #: more rows than this go through ``F.linear`` unchanged
 SKINNY_MAX_ROWS = len(SKINNY_PADDED_ROWS) - 1

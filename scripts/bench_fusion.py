@@ -138,8 +138,9 @@ class Runner:
         return outputs["plain"]
 
 
-def benchmark_workloads(runner: Runner, eval_dir: Path, per_category: int, max_new_tokens: int) -> None:
-    for category in CATEGORIES:
+def benchmark_workloads(runner: Runner, eval_dir: Path, per_category: int, max_new_tokens: int,
+                        categories=CATEGORIES) -> None:
+    for category in categories:
         prompts = read_prompts(eval_dir / f"{category}.jsonl")[:per_category]
         for prompt in prompts:
             first = [{"role": "user", "content": prompt.turns[0]}]
@@ -221,6 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=8, help="agent-loop user turns (4 generations each); 0 = skip")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--skip-benchmarks", action="store_true")
+    p.add_argument("--categories", nargs="+", default=CATEGORIES, choices=CATEGORIES,
+                   help="benchmark categories to run (default: all)")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                    help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals, "
                         "fused, no prefix cache, plain, skinny linears, prompt lookup, skinny linears, fused, stock "
@@ -250,7 +253,7 @@ def main(argv=None) -> int:
     for temperature in args.temperatures:
         runner = Runner(target, tokenizer, drafter, temperature, args.seed, args.arms)
         if not args.skip_benchmarks:
-            benchmark_workloads(runner, eval_dir, args.per_category, args.max_new_tokens)
+            benchmark_workloads(runner, eval_dir, args.per_category, args.max_new_tokens, args.categories)
         if args.heldout:
             heldout_workloads(runner, args.heldout, args.max_new_tokens)
         if args.turns:

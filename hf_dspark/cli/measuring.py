@@ -7,6 +7,7 @@ The options are those of ``scripts/calibrate_drafter.py``, ``eval_drafter.py``, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -262,6 +263,8 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per (concurrency, policy), order rotated; the summary, table and plot use medians")
     p.add_argument("--prepack", action="store_true", help="oneDNN-prepacked linears (hf_dspark.cpu_kernels)")
+    p.add_argument("--stock-linears", action="store_true",
+                   help="engines run stock F.linear (DSparkEngine(cpu_linears=False)) instead of the skinny kernel")
     p.add_argument("--sps-repeats", type=int, default=3, help="timed repeats per step-cost grid point")
     p.add_argument("--step-cost", choices=("engine", "shared"), default="engine",
                    help="engine: every engine measures its own step cost (cached on disk) and corrects it by wall "
@@ -297,7 +300,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, requests_factor=args.requests_factor,
         min_requests=args.min_requests, temperature=args.temperature, repeats=args.repeats,
-        max_prefill_tokens=args.max_prefill_tokens)
+        max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears)
     prompts = serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark, args.max_prompts,
                               args.max_prompt_tokens)
     gamma = drafter.model.config.block_size
@@ -307,16 +310,24 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     # the engine's real step on this machine: drafter pass for R requests + padded verify of R rows × W tokens
     sps = None
     if args.step_cost == "shared":
-        sps = profile_step_cost(target, drafter.model, max_rows=max(settings.levels),
-                                max_width=1 + max(gamma, LONG_MATCH_TOKENS), repeats=args.sps_repeats,
-                                cache_dir=sps_cache_dir)
-    DSparkEngine(target, drafter.model, "fixed", sps=sps).generate([prompts[0][1]], 4)  # warm-up, not measured
+        from ..cpu_kernels import skinny_applies, skinny_linears
+
+        # measured with the kernel the engines' steps run
+        kernel = (skinny_linears(target, drafter.model) if settings.cpu_linears and skinny_applies(target)
+                  else contextlib.nullcontext())
+        with kernel:
+            sps = profile_step_cost(target, drafter.model, max_rows=max(settings.levels),
+                                    max_width=1 + max(gamma, LONG_MATCH_TOKENS), repeats=args.sps_repeats,
+                                    cache_dir=sps_cache_dir)
+    DSparkEngine(target, drafter.model, "fixed", sps=sps, cpu_linears=settings.cpu_linears).generate(
+        [prompts[0][1]], 4)  # warm-up, not measured
     results = run_serving_bench(target, drafter.model, tokenizer, prompts, sps, settings,
                                 sps_cache_dir=sps_cache_dir)
     summary = median_over_repeats(results)
     print("\n" + summary_table(summary, settings.policies, settings.levels))
     report = {"target": target_name, "drafter": drafter.source, "drafter_trained": drafter.trained,
-              "block_size": gamma, "threads": args.threads, "prepack": args.prepack, "torch": torch.__version__,
+              "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
+              "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
               "repeats": args.repeats, "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}

@@ -40,6 +40,7 @@ class ServingBenchSettings:
     temperature: float = 0.0
     repeats: int = 1
     max_prefill_tokens: int = 2048
+    cpu_linears: bool = True  # every engine's ``cpu_linears`` (the skinny CPU kernel; False: stock F.linear)
 
 
 def parse_policy(label: str, threshold: float) -> tuple[str, dict, dict]:
@@ -148,7 +149,7 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                                       sps_cache_dir=sps_cache_dir, max_running_requests=concurrency,
                                       max_batch_tokens=concurrency * slots,
                                       max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer,
-                                      **engine_kwargs)
+                                      cpu_linears=settings.cpu_linears, **engine_kwargs)
                 if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream
                     _ = engine.step_cost
                 record = run_level(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
