@@ -110,7 +110,7 @@ class SpeculativeRound:
         modes = [bool(m) for m in do_sample] if per_row else [bool(do_sample)] * rows
         any_sampled = any(modes)
         cost = self.cost if self.policy.needs_step_cost else None
-        plan = self._plan(rows, budgets, cost, row_ids)
+        plan = self._plan(rows, budgets, cost, row_ids, any_sampled)
         block, proposed, confidence = None, np.zeros(rows, dtype=np.int64), None
         if plan.run_drafter:
             block, proposed, confidence = self._draft(batch, processor, any_sampled, modes if per_row else None,
@@ -163,18 +163,19 @@ class SpeculativeRound:
         end = time.perf_counter()
         if self.observe_time and self.policy.needs_step_cost:
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
-            self.policy.observe_step(block is not None, predicted, end - start)
+            self.policy.observe_step(block is not None, predicted, end - start, sampled=any_sampled)
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
                            draft_seconds=mid - start, verify_seconds=end - mid, sources=sources)
 
-    def _plan(self, rows: int, budgets: Sequence[int], cost, row_ids) -> RoundPlan:
+    def _plan(self, rows: int, budgets: Sequence[int], cost, row_ids, sampled: bool) -> RoundPlan:
         """Lookup proposals and the policy's decision whether the drafter runs (before anything is drafted)."""
         if self.lookup is None or row_ids is None:
-            return RoundPlan(bool(self.max_drafts) and self.policy.wants_drafts(rows, cost))
+            return RoundPlan(bool(self.max_drafts) and self.policy.wants_drafts(rows, cost, sampled=sampled))
         caps = [max(int(b) - 1, 0) for b in budgets]
         proposals = [truncate(p, cap) for p, cap in zip(self.lookup.propose(row_ids, max_tokens=caps), caps)]
         confidences = self.calibrator.confidence_matrix(proposals)
-        use_lookup, run_drafter = self.policy.plan_sources(confidences, cost, drafter_available=bool(self.max_drafts))
+        use_lookup, run_drafter = self.policy.plan_sources(confidences, cost, drafter_available=bool(self.max_drafts),
+                                                           sampled=sampled)
         return RoundPlan(bool(run_drafter), proposals, confidences, np.asarray(use_lookup, dtype=bool))
 
     def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator):

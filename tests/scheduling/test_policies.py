@@ -387,6 +387,26 @@ def test_measured_step_times_steer_the_drafting_decision():
     assert not policy.wants_drafts(4, cost)
 
 
+def test_sampled_and_greedy_rounds_have_their_own_step_time_corrections():
+    """Sampled drafted rounds take 3× their (greedy-forward) prediction, greedy ones as predicted: the policy stops
+    drafting for sampled rounds only, and greedy calls on the same target keep drafting."""
+    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.01)
+    policy = make_policy("scheduled", probe_interval=100)
+    policy.choose(torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
+    for _ in range(30):
+        policy.observe_step(True, predicted_seconds=0.12, seconds=0.36, sampled=True)
+        policy.observe_step(True, predicted_seconds=0.12, seconds=0.12)
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, sampled=True)
+    ratios = policy.step_time_ratios
+    assert ratios["drafted, sampled"] == pytest.approx(3.0, rel=0.1) and ratios["drafted"] == pytest.approx(1.0)
+    assert ratios["plain, sampled"] == pytest.approx(1.0) and ratios["plain"] == pytest.approx(1.0)
+    assert not policy.wants_drafts(4, cost, sampled=True)
+    assert policy.wants_drafts(4, cost)
+    lookup = np.zeros((4, 2))  # no lookup proposal: the drafter is the only source
+    assert policy.plan_sources(lookup, cost, drafter_available=True)[1]
+    assert not policy.plan_sources(lookup, cost, drafter_available=True, sampled=True)[1]
+
+
 def test_probes_back_off_while_drafting_keeps_not_paying():
     policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
