@@ -326,7 +326,8 @@ class ScheduledPolicy(VerifyPolicy):
         ``lookup_confidences`` [R, L] calibrated conditional confidences of each row's lookup proposal (0 past its
         end). A row takes its lookup proposal when that is expected to accept more than the drafter has been
         accepting lately (its mean survival per position); the drafter runs when drafting the remaining rows beats
-        the best step without the drafter (lookup rows as chosen, the rest plain), both priced by the step cost.
+        the best step without the drafter — every row on its lookup proposal, if it has one — both priced by the
+        step cost; when it does not run, every row with a lookup proposal takes it.
         Non-anticipating: everything here is known before any draft of this round is sampled.
         ``wants`` [R] bool (optional): rows that may use the drafter at all."""
         lookup_survival = prefix_survival(np.clip(np.asarray(lookup_confidences, dtype=np.float64), 0.0, 1.0))
@@ -346,17 +347,20 @@ class ScheduledPolicy(VerifyPolicy):
             return use_lookup, True
         if self._probe_due():  # refresh the drafter's estimate now and then
             return use_lookup, True
+        # without the drafter every row falls back to its own lookup proposal (if any), not to a plain step: the
+        # drafter must beat that (its pass costs time; a row it takes loses the proposal it had)
         width = max(lookup_survival.shape[1], drafter_survival.size)
         without = np.zeros((num_rows, width))
-        without[:, : lookup_survival.shape[1]] = lookup_survival * use_lookup[:, None]
+        without[:, : lookup_survival.shape[1]] = lookup_survival
         with_drafter = without.copy()
+        with_drafter[~use_lookup] = 0.0
         with_drafter[~use_lookup, : drafter_survival.size] = drafter_survival
         gamma = min(width, cost.max_width - 1)
         theta_without = padded_width_path(without[:, :gamma], cost, drafted=False) / self._time_ratio[False, sampled]
         theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True) / self._time_ratio[True, sampled]
         pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
         self._note_decision(pays)
-        return use_lookup, pays
+        return (use_lookup if pays else expected_lookup > 0), pays
 
     def _probe_due(self) -> bool:
         """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off)."""

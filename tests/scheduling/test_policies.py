@@ -407,6 +407,21 @@ def test_sampled_and_greedy_rounds_have_their_own_step_time_corrections():
     assert not policy.plan_sources(lookup, cost, drafter_available=True, sampled=True)[1]
 
 
+def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():
+    """One row: its lookup proposal survives 0.5, the drafter's first draft 0.6 but its pass costs 30 ms on a
+    ~0.1 s step. Drafting beats a plain step (Θ 12.1 vs 9.9) but not the lookup proposal it would replace
+    (14.7): the drafter stays off and the row keeps its lookup proposal."""
+    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.03)
+    policy = make_policy("scheduled", probe_interval=100)
+    policy.choose(torch.tensor([[0.6, 0.0, 0.0]], dtype=torch.float64), torch.tensor([3]), cost)
+    use_lookup, run_drafter = policy.plan_sources(np.array([[0.5, 0.0, 0.0]]), cost, drafter_available=True)
+    assert not run_drafter and use_lookup.tolist() == [True]
+    # a cheap drafter pass does beat it: the row goes to the drafter
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    use_lookup, run_drafter = policy.plan_sources(np.array([[0.5, 0.0, 0.0]]), cheap, drafter_available=True)
+    assert run_drafter and use_lookup.tolist() == [False]
+
+
 def test_probes_back_off_while_drafting_keeps_not_paying():
     policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
