@@ -7,7 +7,6 @@ The options are those of ``scripts/calibrate_drafter.py``, ``eval_drafter.py``, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
@@ -310,12 +309,9 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     # the engine's real step on this machine: drafter pass for R requests + padded verify of R rows × W tokens
     sps = None
     if args.step_cost == "shared":
-        from ..cpu_kernels import skinny_applies, skinny_linears
+        from ..cpu_kernels import loop_linears
 
-        # measured with the kernel the engines' steps run
-        kernel = (skinny_linears(target, drafter.model) if settings.cpu_linears and skinny_applies(target)
-                  else contextlib.nullcontext())
-        with kernel:
+        with loop_linears(settings.cpu_linears, target, drafter.model):  # the kernel the engines' steps run
             sps = profile_step_cost(target, drafter.model, max_rows=max(settings.levels),
                                     max_width=1 + max(gamma, LONG_MATCH_TOKENS), repeats=args.sps_repeats,
                                     cache_dir=sps_cache_dir)

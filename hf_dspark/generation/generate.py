@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import fields
 
 import torch
@@ -22,7 +21,7 @@ from transformers import DynamicCache
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..cpu_kernels import skinny_applies, skinny_linears
+from ..cpu_kernels import loop_linears
 from ..metrics import DSparkStats
 from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
@@ -168,8 +167,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else DynamicCache(config=model.config)
     do_sample = bool(generation_config.do_sample)
-    linears = skinny_linears(model, drafter) if dspark_cpu_linears and skinny_applies(model) else nullcontext()
-    with linears, TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
+    with loop_linears(dspark_cpu_linears, model, drafter), TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
         batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,

@@ -54,9 +54,8 @@ class SpeculationMemory:
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and
         size; on disk across processes, see ``scheduling.step_cost.profile_step_cost``)."""
-        from ..scheduling.step_cost import profile_step_cost
-
         from ..cpu_kernels import linear_kernel
+        from ..scheduling.step_cost import profile_step_cost
 
         rows = 1 << max(rows - 1, 0).bit_length()  # powers of two: batches of 3 and 4 share a profile
         key = (_token(drafter), rows, width, linear_kernel(target))  # the kernel the loop runs changes the cost

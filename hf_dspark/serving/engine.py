@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..cpu_kernels import skinny_applies, skinny_linears
+from ..cpu_kernels import loop_linears, skinny_applies
 from ..generation.lookup import LookupHistory, LookupProposer
 from ..generation.lookup_calibration import LookupCalibrator
 from ..generation.memory import LONG_MATCH_TOKENS, memory_for
@@ -393,9 +393,7 @@ class DSparkEngine(PrefillMixin):
     def _linears(self):
         """The kernel every forward of a step runs with (``cpu_kernels``), patched for the step only: the caller's
         own use of the target between steps keeps its stock linears."""
-        if not self.cpu_linears:
-            return contextlib.nullcontext()
-        return skinny_linears(self.target, self.draft)
+        return loop_linears(self.cpu_linears, self.target, self.draft)
 
     def _feature_tap(self):
         if not self.draft_width:
