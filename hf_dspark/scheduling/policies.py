@@ -92,8 +92,9 @@ class VerifyPolicy:
     def observe(self, confidences, lengths, num_accepted) -> None:
         """One round's outcome: ℓ_r verified drafts of which the first ``num_accepted_r`` were accepted."""
 
-    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False) -> None:
-        """A finished round's wall time next to the cost model's prediction."""
+    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
+                     wide: bool | None = None) -> None:
+        """A finished round's wall time next to the cost model's prediction (``wide``: it verified drafts)."""
 
 
 _POLICIES: dict[str, Callable[..., VerifyPolicy]] = {}
@@ -269,10 +270,12 @@ class ScheduledPolicy(VerifyPolicy):
         self.online_calibration = online_calibration
         self.calibration_decay = calibration_decay
         self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
-        # running actual / predicted step seconds per (drafted, sampled): the profile times greedy forwards, and a
-        # sampled round draws its drafts and rejection-samples them (measured on SmolLM2: a sampled drafter round
-        # 72.5 ms, a greedy one 51.7 ms, a plain round 44 ms), so the four kinds of round are corrected apart
-        self._time_ratio = {(drafted, sampled): 1.0 for drafted in (False, True) for sampled in (False, True)}
+        # running actual / predicted step seconds per kind of round, (wide, drafted, sampled): the profile times
+        # greedy forwards on a clean cache, and a sampled round draws its drafts and rejection-samples them
+        # (measured on SmolLM2: a sampled drafter round 72.5 ms, a greedy one 51.7 ms, a plain round 44 ms); in the
+        # engine a wide verify ran ~1.35× its prediction and a 1-token one ~1.12× (masks over holes, cache
+        # growth), a gap no single factor can correct since the choice is between those two widths
+        self._time_ratio: dict[tuple[bool, bool, bool], float] = {}
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
@@ -311,7 +314,8 @@ class ScheduledPolicy(VerifyPolicy):
     def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile",
                       drafted: bool = True, all_greedy: bool = False) -> np.ndarray:
         gamma = min(survival.shape[1], cost.max_width - 1)
-        theta = padded_width_path(survival[:, :gamma], cost, drafted=drafted)
+        factors = self.step_time_factors(gamma, drafted=drafted, sampled=not all_greedy)
+        theta = padded_width_path(survival[:, :gamma], cost, drafted=drafted, step_factors=factors)
         width = int(np.argmax(theta)) if all_greedy else num_leading_improvements(theta)
         self.last_theta = float(theta[width])
         logger.debug("scheduled (padded): R=%d, width %d of %d, Θ=%.3f", lengths.size, width, gamma,
@@ -356,8 +360,10 @@ class ScheduledPolicy(VerifyPolicy):
         with_drafter[~use_lookup] = 0.0
         with_drafter[~use_lookup, : drafter_survival.size] = drafter_survival
         gamma = min(width, cost.max_width - 1)
-        theta_without = padded_width_path(without[:, :gamma], cost, drafted=False) / self._time_ratio[False, sampled]
-        theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True) / self._time_ratio[True, sampled]
+        theta_without = padded_width_path(without[:, :gamma], cost, drafted=False,
+                                          step_factors=self.step_time_factors(gamma, drafted=False, sampled=sampled))
+        theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True,
+                                       step_factors=self.step_time_factors(gamma, drafted=True, sampled=sampled))
         pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
         self._note_decision(pays)
         return (use_lookup if pays else expected_lookup > 0), pays
@@ -425,18 +431,49 @@ class ScheduledPolicy(VerifyPolicy):
         else:
             self.mean_survival = self.survival_momentum * self.mean_survival + (1 - self.survival_momentum) * mean
 
-    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False) -> None:
-        """A finished decode step: its wall time against the profile's prediction (drafter pass + verify)."""
+    def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
+                     wide: bool | None = None) -> None:
+        """A finished decode step: its wall time against the profile's prediction (drafter pass + verify).
+        ``wide``: it verified drafts (width > 1); None reads a drafted step as wide and a plain one as not."""
         if predicted_seconds > 0 and seconds > 0:
             ratio = min(max(seconds / predicted_seconds, 0.25), 4.0)  # one hiccup must not swing the decision
-            momentum, key = self.survival_momentum, (bool(drafted), bool(sampled))
-            self._time_ratio[key] = momentum * self._time_ratio[key] + (1 - momentum) * ratio
+            wide = bool(drafted) if wide is None else bool(wide)
+            # a kind's first step moves the ratio it borrowed so far, like any later one (one slow first step
+            # must not set it outright: a kind priced out of the plan is rarely timed again)
+            previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled)
+            momentum = self.survival_momentum
+            self._time_ratio[wide, bool(drafted), bool(sampled)] = momentum * previous + (1 - momentum) * ratio
+
+    def step_time_ratio(self, *, wide: bool, drafted: bool, sampled: bool = False) -> float:
+        """Measured / predicted seconds of one kind of step. A kind not seen yet borrows the nearest kind that was
+        (same width class first: a wide lookup round before any was timed is priced like a drafted one), else 1."""
+        for w, d, s in ((wide, drafted, sampled), (wide, not drafted, sampled), (not wide, drafted, sampled),
+                        (not wide, not drafted, sampled), (wide, drafted, not sampled),
+                        (wide, not drafted, not sampled), (not wide, drafted, not sampled),
+                        (not wide, not drafted, not sampled)):
+            ratio = self._time_ratio.get((w, d, s))
+            if ratio is not None:
+                return ratio
+        return 1.0
+
+    def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False) -> np.ndarray:
+        """[γ + 1] corrections of the profile's step time per verify width w = 0..γ (w = 0: nothing verified)."""
+        factors = np.full(gamma + 1, self.step_time_ratio(wide=True, drafted=drafted, sampled=sampled))
+        factors[0] = self.step_time_ratio(wide=False, drafted=drafted, sampled=sampled)
+        return factors
 
     @property
     def step_time_ratios(self) -> dict[str, float]:
-        ratios = self._time_ratio
-        return {"plain": ratios[False, False], "drafted": ratios[True, False],
-                "plain, sampled": ratios[False, True], "drafted, sampled": ratios[True, True]}
+        """The corrections in use, by kind of step ("plain": nothing drafted or verified, "lookup": lookup drafts
+        verified without a drafter pass, "drafted": a drafter pass and its drafts verified)."""
+        out = {}
+        for sampled in (False, True):
+            tail = ", sampled" if sampled else ""
+            out["plain" + tail] = self.step_time_ratio(wide=False, drafted=False, sampled=sampled)
+            out["lookup" + tail] = self.step_time_ratio(wide=True, drafted=False, sampled=sampled)
+            out["drafted" + tail] = self.step_time_ratio(wide=True, drafted=True, sampled=sampled)
+            out["drafted, nothing verified" + tail] = self.step_time_ratio(wide=False, drafted=True, sampled=sampled)
+        return out
 
     def wants_drafts(self, num_requests: int, cost: "StepCostProfile", *, sampled: bool = False) -> bool:
         """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
@@ -449,8 +486,10 @@ class ScheduledPolicy(VerifyPolicy):
             return True
         survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
         gamma = min(survival.shape[1], cost.max_width - 1)
-        drafting = padded_width_path(survival[:, :gamma], cost) / self._time_ratio[True, sampled]
-        plain = num_requests / (cost.verify(num_requests, 1) * self._time_ratio[False, sampled])
+        drafting = padded_width_path(survival[:, :gamma], cost,
+                                     step_factors=self.step_time_factors(gamma, drafted=True, sampled=sampled))
+        plain = num_requests / (cost.verify(num_requests, 1)
+                                * self.step_time_ratio(wide=False, drafted=False, sampled=sampled))
         pays = bool(drafting[1:].max(initial=0.0) > plain)
         self._note_decision(pays)
         return pays

@@ -225,11 +225,22 @@ def coarse_row_grid(max_rows: int) -> list[int]:
     return sorted(set(grid + [max_rows]))
 
 
-def coarse_width_grid(max_width: int) -> list[int]:
-    """1..4 densely (most verify widths are short), then ×2 (8, 16, ...) up to ``max_width`` (always included)."""
+def coarse_width_grid(max_width: int, rows: Sequence[int] = (), *, skinny: bool = False) -> list[int]:
+    """1..4 densely (most verify widths are short), then ×2 (8, 16, ...) up to ``max_width`` (always included).
+
+    With ``skinny`` (the step runs ``cpu_kernels.skinny_linears``) also, for each row count R in ``rows``, the
+    first width whose R·W rows the kernel pads to 16 (past 8) and the first it hands to stock ``F.linear`` (past
+    16): the cost jumps there, and interpolating across a jump from the measured widths either side
+    underestimates every width just past it (R = 4: W = 5 costs what W = 8 does, not a quarter of the way)."""
     grid = [w for w in (1, 2, 3, 4) if w < max_width]
     while grid and grid[-1] * 2 < max_width:
         grid.append(grid[-1] * 2)
+    if skinny:
+        from ..cpu_kernels import SKINNY_MAX_ROWS
+
+        for r in rows:
+            for limit in (8, SKINNY_MAX_ROWS):  # 8 → padded to 16, 16 → stock kernel
+                grid += [w for w in (limit // r + 1,) if w <= max_width]
     return sorted(set(grid + [max_width]))
 
 
@@ -276,9 +287,10 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     plus draft(R) when a drafter is given; cached on disk like SPS(B).
 
     The default grid is coarse, for a fast start-up: R = 1, 2, 4, 16, 64, ... (``coarse_row_grid``) and
-    W = 1..4, 8, ... (``coarse_width_grid``), each cell repeated until ``repeats`` runs or ``CELL_BUDGET_S``, and
-    no row count that would end after ``max_seconds`` (larger R are then extrapolated in proportion to R, which
-    the cost is once compute-bound; None = no limit); lookups interpolate between. ``refine=True`` measures the
+    W = 1..4, 8, ... (``coarse_width_grid``, plus the widths where the skinny kernel's cost jumps), each cell
+    repeated until ``repeats`` runs or ``CELL_BUDGET_S``, and no row count that would end after ``max_seconds``
+    (larger R are then extrapolated in proportion to R, which the cost is once compute-bound; None = no limit);
+    lookups interpolate between. ``refine=True`` measures the
     fine grid (R = 1, 2, 4, 8, ..., every W, all ``repeats``, no time limit); a cached fine table is then also
     what later coarse calls use. ``rows`` gives the row grid (measured in full).
     Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step. Measuring logs
@@ -288,9 +300,14 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
     1-token verify), once per table and process; if that is much faster now than the cached value, the table is
     measured again."""
+    from ..cpu_kernels import SKINNY_KERNEL, linear_kernel
+
+    skinny = linear_kernel(target) == SKINNY_KERNEL
+
     def grids(fine: bool) -> tuple[list[int], list[int]]:
         row_grid = sorted(set(int(r) for r in (rows or (default_row_grid if fine else coarse_row_grid)(max_rows))))
-        return row_grid, list(range(1, max_width + 1)) if fine else coarse_width_grid(max_width)
+        return row_grid, (list(range(1, max_width + 1)) if fine
+                          else coarse_width_grid(max_width, row_grid, skinny=skinny))
 
     row_grid, widths = grids(refine)
     if not row_grid or row_grid[0] < 1 or max_width < 1:

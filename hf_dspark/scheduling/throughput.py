@@ -76,9 +76,11 @@ def throughput_path(values: ArrayLike, num_requests: int, sps: "SPSProfile") -> 
     return tau * sps.lookup(num_requests + np.arange(values.size + 1))
 
 
-def padded_width_path(survival: ArrayLike, cost: "StepCostProfile", *, drafted: bool = True) -> np.ndarray:
+def padded_width_path(survival: ArrayLike, cost: "StepCostProfile", *, drafted: bool = True,
+                      step_factors: ArrayLike | None = None) -> np.ndarray:
     """Θ_w = (R + Σ_r Σ_{j≤w} a_{r,j}) / (t_draft(R) + t_verify(R, 1 + w)) for w = 0..γ: expected accepted tokens
     per second of a padded step in which every request verifies its first min(w, max_r) drafts. [R, γ] -> [γ + 1].
+    ``step_factors`` [γ + 1] (optional) scale each width's step time (measured / predicted, per kind of step).
 
     In a padded batch the widest row sets the cost of all rows, so the candidates are widths, not single
     drafts; a width w admits every candidate (r, j ≤ w), which is free for the rows that are narrower."""
@@ -86,6 +88,8 @@ def padded_width_path(survival: ArrayLike, cost: "StepCostProfile", *, drafted: 
     num_requests, gamma = survival.shape
     tau = num_requests + np.concatenate([[0.0], np.cumsum(survival.sum(axis=0))])
     seconds = cost.verify_widths(num_requests)[: gamma + 1] + (cost.draft(num_requests) if drafted else 0.0)
+    if step_factors is not None:
+        seconds = seconds * np.asarray(step_factors, dtype=np.float64)[: gamma + 1]
     return tau / seconds
 
 

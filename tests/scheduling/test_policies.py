@@ -383,7 +383,8 @@ def test_measured_step_times_steer_the_drafting_decision():
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.36)
         policy.observe_step(False, predicted_seconds=0.1, seconds=0.1)
     assert policy.step_time_ratios["drafted"] == pytest.approx(3.0, rel=0.1)
-    assert policy.step_time_ratios["plain"] == pytest.approx(1.0)
+    # (the plain kind's first step moved the ratio it borrowed from the drafted kind, 1.2, towards 1.0)
+    assert policy.step_time_ratios["plain"] == pytest.approx(1.0, rel=0.02)
     assert not policy.wants_drafts(4, cost)
 
 
@@ -398,13 +399,36 @@ def test_sampled_and_greedy_rounds_have_their_own_step_time_corrections():
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.12)
         policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, sampled=True)
     ratios = policy.step_time_ratios
-    assert ratios["drafted, sampled"] == pytest.approx(3.0, rel=0.1) and ratios["drafted"] == pytest.approx(1.0)
-    assert ratios["plain, sampled"] == pytest.approx(1.0) and ratios["plain"] == pytest.approx(1.0)
+    # (a kind's first step moves the ratio it borrowed from the nearest kind timed so far: 1.2 here)
+    assert ratios["drafted, sampled"] == pytest.approx(3.0, rel=0.1)
+    assert ratios["drafted"] == pytest.approx(1.0, rel=0.02)
+    assert ratios["plain, sampled"] == pytest.approx(1.0, rel=0.02) and ratios["plain"] == pytest.approx(1.0, rel=0.02)
     assert not policy.wants_drafts(4, cost, sampled=True)
     assert policy.wants_drafts(4, cost)
     lookup = np.zeros((4, 2))  # no lookup proposal: the drafter is the only source
     assert policy.plan_sources(lookup, cost, drafter_available=True)[1]
     assert not policy.plan_sources(lookup, cost, drafter_available=True, sampled=True)[1]
+
+
+def test_wide_and_one_token_steps_have_their_own_step_time_corrections():
+    """The profile says verifying 3 lookup drafts per row pays (Θ 57 vs 37 tokens/s); in the engine wide steps
+    take 2× their prediction while 1-token steps take what it says (a gap one factor per kind of round cannot
+    see: it scales both widths alike). Once timed, the policy verifies nothing."""
+    cost = step_cost(verify_per_token=0.002, fixed=0.1, draft=0.01)
+    conf = torch.full((4, 4), 0.5, dtype=torch.float64)
+    lookup_rows = dict(drafter_rows=np.zeros(4, dtype=bool), drafted=False, all_greedy=True)
+    policy = make_policy("scheduled", probe_interval=100)
+    assert policy.choose(conf, torch.full((4,), 4), cost, **lookup_rows).tolist() == [3, 3, 3, 3]
+    assert policy.step_time_ratios["lookup"] == 1.0  # nothing timed yet
+    for _ in range(30):
+        policy.observe_step(False, predicted_seconds=0.14, seconds=0.28, wide=True)
+        policy.observe_step(False, predicted_seconds=0.108, seconds=0.108, wide=False)
+    ratios = policy.step_time_ratios
+    assert ratios["lookup"] == pytest.approx(2.0, rel=0.05) and ratios["plain"] == pytest.approx(1.0, rel=0.05)
+    assert ratios["drafted"] == pytest.approx(2.0, rel=0.05)  # a kind not timed yet borrows its width class's
+    assert policy.choose(conf, torch.full((4,), 4), cost, **lookup_rows).tolist() == [0, 0, 0, 0]
+    factors = policy.step_time_factors(3, drafted=False)
+    assert factors[0] == pytest.approx(1.0, rel=0.05) and factors[1:] == pytest.approx([2.0] * 3, rel=0.05)
 
 
 def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():

@@ -32,6 +32,11 @@ def test_coarse_grids():
     assert coarse_row_grid(10) == [1, 2, 4, 10] and coarse_row_grid(1) == [1] and coarse_row_grid(200)[-2:] == [64, 200]
     assert coarse_width_grid(8) == [1, 2, 3, 4, 8] and coarse_width_grid(4) == [1, 2, 3, 4]
     assert coarse_width_grid(16) == [1, 2, 3, 4, 8, 16] and coarse_width_grid(1) == [1]
+    # with the skinny kernel: per row count, the first width padded to 16 rows (past 8) and the first width on the
+    # stock kernel (past 16), where the cost jumps (R=1: 9, 17; R=2: 5, 9; R=4: 3, 5; R=16: 1, 2)
+    assert coarse_width_grid(17, [1, 2, 4, 16], skinny=True) == [1, 2, 3, 4, 5, 8, 9, 16, 17]
+    assert coarse_width_grid(8, [1], skinny=True) == [1, 2, 3, 4, 8]
+    assert coarse_width_grid(17, [1, 2, 4, 16]) == [1, 2, 3, 4, 8, 16, 17]
 
 
 def test_default_profile_is_coarse_and_refine_is_on_demand(target, tmp_path, monkeypatch):
