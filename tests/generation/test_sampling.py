@@ -83,3 +83,43 @@ def test_sampling_with_a_reduced_draft_vocabulary_preserves_target_distribution(
     assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
     assert (ours % 2 == 1).any()  # tokens outside the draft vocabulary do get generated
     assert min(per_position_pvalues(plain, ours)) > 1e-3
+
+
+# -- the draw itself (hf_dspark.sampling.sample_rows: inverse CDF, not torch.multinomial) ----------------------------
+def test_sample_rows_draws_from_the_given_distribution_and_never_a_zero():
+    from scipy.stats import chisquare
+
+    from hf_dspark.sampling import sample_rows
+
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.45, 0.25, 0.2, 0.0])  # zeros first, inside and last
+    draws = sample_rows(probs.repeat(40_000, 1), torch.Generator().manual_seed(3))
+    counts = torch.bincount(draws, minlength=probs.numel())
+    assert counts[probs == 0].sum() == 0
+    assert chisquare(counts[probs > 0].numpy(), (probs[probs > 0] * draws.numel()).numpy()).pvalue > 1e-3
+    # unnormalised rows are fine (the residual of a rejection is divided by its mass only when positive)
+    assert sample_rows(torch.tensor([[0.0, 3.0, 0.0]]), None).tolist() == [1]
+    # a uniform that rounds up to the total still lands on the last token with mass, not a trailing zero
+    assert sample_rows(torch.tensor([[0.5, 0.5, 0.0, 0.0]]), None).item() in (0, 1)
+
+
+def test_sample_rows_per_row_generators_draw_once_each_whatever_the_batch():
+    """Each request's stream is its own: a row's token depends on its generator only, and each row consumes exactly
+    one draw (the next draw of that generator is the same as after a single-row call)."""
+    from hf_dspark.sampling import sample_rows
+
+    probs = torch.softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(0)), -1)
+    alone = [sample_rows(probs[r:r + 1], [torch.Generator().manual_seed(10 + r)]).item() for r in range(3)]
+    gens = [torch.Generator().manual_seed(10 + r) for r in range(3)]
+    assert sample_rows(probs, gens).tolist() == alone
+    after = [torch.Generator().manual_seed(10 + r) for r in range(3)]
+    for g in after:
+        torch.rand(1, dtype=torch.float64, generator=g)
+    assert [torch.rand(1, generator=g).item() for g in gens] == [torch.rand(1, generator=g).item() for g in after]
+
+
+def test_sample_rows_refuses_a_row_without_mass():
+    from hf_dspark.sampling import sample_rows
+
+    for bad in ([[0.0, 0.0]], [[float("nan"), 1.0]], [[float("inf"), 1.0]]):
+        with pytest.raises(ValueError, match="positive, finite total"):
+            sample_rows(torch.tensor(bad), None)
