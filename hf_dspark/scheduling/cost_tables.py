@@ -16,7 +16,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: step-cost cells timed in interleaved passes over the widths
 
 
 @dataclass(frozen=True)

@@ -102,32 +102,48 @@ def time_padded_verify_widths(target, rows: int, widths: Sequence[int], *, conte
                               context=None, on_width=None) -> list[float]:
     """:func:`time_padded_verify` for several widths on one prefilled context (``context``, a one-row
     :func:`prefill_context` cache that is copied, not changed; prefilled here when None): one untimed warm-up
-    forward, then up to ``repeats`` timed forwards per width, fewer once a width's timed forwards took
-    ``budget_s`` (a long forward's median needs fewer samples). ``on_width()`` runs after each width."""
+    forward, then up to ``repeats`` passes over the widths, one timed forward of each per pass; a width drops out
+    of later passes once its timed forwards took ``budget_s`` (a long forward's minimum needs fewer samples).
+    ``on_width()`` runs as each width finishes.
+
+    Passes, not one width's repeats back to back: on a shared machine interference comes in bursts of seconds,
+    and a burst that lands on all of one width's repeats makes that width look dear for as long as the table is
+    cached (one such table priced verifying 3 drafts at 1.5× 2 drafts where the kernel costs the same for both);
+    across passes a burst costs every width one sample, and the minimum discards it."""
     vocab = target.config.get_text_config().vocab_size
     cache = copy.deepcopy(context) if context is not None else prefill_context(target, context_len, device=device,
                                                                                 generator=generator)
     cache_name = cache_kwarg(target)
     cache.batch_repeat_interleave(rows)
-    medians = []
-    for j, length in enumerate(widths):
-        ids = torch.randint(0, vocab, (rows, length), generator=generator).to(device)
-        positions = (context_len + torch.arange(length, device=device)).expand(rows, -1)
-        times = []
-        for i in range(repeats + (j == 0)):  # the very first forward is a warm-up and is not timed
-            _synchronize(device)
-            start = time.perf_counter()
-            target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_name: cache})
-            _synchronize(device)
-            if i or j:
-                times.append(time.perf_counter() - start)
-            cache.crop(-length)  # transformers >= 5.24: negative = number of tokens to drop
-            if sum(times) >= budget_s:
-                break
-        medians.append(_robust_seconds(times))
-        if on_width is not None:
+    inputs = [(torch.randint(0, vocab, (rows, length), generator=generator).to(device),
+               (context_len + torch.arange(length, device=device)).expand(rows, -1)) for length in widths]
+
+    def forward(j: int) -> float:
+        ids, positions = inputs[j]
+        _synchronize(device)
+        start = time.perf_counter()
+        target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_name: cache})
+        _synchronize(device)
+        seconds = time.perf_counter() - start
+        cache.crop(-ids.shape[1])  # transformers >= 5.24: negative = number of tokens to drop
+        return seconds
+
+    if widths:
+        forward(0)  # the very first forward is a warm-up and is not timed
+    times: list[list[float]] = [[] for _ in widths]
+    active = list(range(len(widths)))
+    for _ in range(max(repeats, 1)):
+        for j in active:
+            times[j].append(forward(j))
+        done = [j for j in active if sum(times[j]) >= budget_s]
+        active = [j for j in active if j not in done]
+        for _ in done if on_width is not None else ():
             on_width()
-    return medians
+        if not active:
+            break
+    for _ in active if on_width is not None else ():
+        on_width()
+    return [_robust_seconds(t) for t in times]
 
 
 def _robust_seconds(times: Sequence[float]) -> float:

@@ -135,3 +135,34 @@ def test_padding_mask_only_where_the_batch_has_holes(lengths):
         assert not any(masks) and not any(host for host, _ in rounds)
     else:
         assert any(host for host, _ in rounds) and any(masks)
+
+
+def test_rounds_report_their_width_class_with_their_time():
+    """The policy corrects wide and 1-token steps apart, so each timed round must say which it was: a round is
+    reported as wide exactly when it verified drafts (width > 1), drafted or lookup."""
+    from hf_dspark.scheduling.policies import ScheduledPolicy
+
+    target = make_tiny_llama(seed=0)
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]])  # repeats: lookup proposes
+    widths, reports = [], []
+    real_run, real_observe = round_module.SpeculativeRound.run, ScheduledPolicy.observe_step
+
+    def run(self, *args, **kwargs):
+        result = real_run(self, *args, **kwargs)
+        widths.append((result.width, result.block is not None))
+        return result
+
+    def observe_step(self, drafted, predicted_seconds, seconds, *, sampled=False, wide=None):
+        reports.append((wide, drafted))
+        return real_observe(self, drafted, predicted_seconds, seconds, sampled=sampled, wide=wide)
+
+    round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = run, observe_step
+    try:
+        target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                        assistant_model=draft)
+    finally:
+        round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = real_run, real_observe
+    assert len(reports) == len(widths) > 3
+    assert reports == [(width > 1, drafted) for width, drafted in widths]
