@@ -110,8 +110,14 @@ class SpeculativeRound:
         modes = [bool(m) for m in do_sample] if per_row else [bool(do_sample)] * rows
         any_sampled = any(modes)
         cost = self.cost if self.policy.needs_step_cost else None
+        # Rounds skipped by the drafter left their context unprojected; whichever round projects it (the next drafting
+        # pass, or the bounded-memory flush) pays for all of them. Every token's context is projected sooner or
+        # later, drafting or not, so that time is no price of drafting: such a round does not correct the
+        # step-time ratios (it would make a drafter that runs rarely look dearer the more rarely it runs).
+        backlog = self.drafter is not None and batch.num_deferred_steps > 1  # projected below if the drafter runs
         plan = self._plan(rows, budgets, cost, row_ids, any_sampled)
         block, proposed, confidence = None, np.zeros(rows, dtype=np.int64), None
+        projected_backlog = backlog and plan.run_drafter
         if plan.run_drafter:
             block, proposed, confidence = self._draft(batch, processor, any_sampled, modes if per_row else None,
                                                       generator)
@@ -158,10 +164,11 @@ class SpeculativeRound:
                                 counts=[a + 1 for a in num_accepted])
             if batch.num_deferred_steps >= self.max_deferred_rounds:
                 batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
+                projected_backlog = True
         batch.commit_round(kept, result.next_tokens, result.num_accepted, host_accepted=num_accepted)
         self._observe(plan, confidence, drafter_rows, lengths, num_accepted, sources)
         end = time.perf_counter()
-        if self.observe_time and self.policy.needs_step_cost:
+        if self.observe_time and self.policy.needs_step_cost and not projected_backlog:
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
             self.policy.observe_step(block is not None, predicted, end - start, sampled=any_sampled, wide=width > 1)
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,

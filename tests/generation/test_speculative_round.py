@@ -139,8 +139,21 @@ def test_padding_mask_only_where_the_batch_has_holes(lengths):
 
 def test_rounds_report_their_width_class_with_their_time():
     """The policy corrects wide and 1-token steps apart, so each timed round must say which it was: a round is
-    reported as wide exactly when it verified drafts (width > 1), drafted or lookup."""
+    reported as wide exactly when it verified drafts (width > 1), drafted or lookup. A drafting round that first
+    projects the context of rounds the drafter skipped is not reported: that projection is paid whether or not the
+    drafter runs (a flush bounds the backlog), so it is no price of drafting."""
     from hf_dspark.scheduling.policies import ScheduledPolicy
+
+    class EveryThirdRoundDrafts(ScheduledPolicy):  # the drafter skips two rounds, then drafts (with a backlog)
+        rounds = 0
+
+        def wants_drafts(self, *args, **kwargs) -> bool:
+            self.rounds += 1
+            return self.rounds % 3 == 0
+
+        def plan_sources(self, lookup_confidences, *args, **kwargs):
+            use_lookup, _ = super().plan_sources(lookup_confidences, *args, **kwargs)
+            return use_lookup, self.wants_drafts()
 
     target = make_tiny_llama(seed=0)
     torch.manual_seed(1)
@@ -149,9 +162,10 @@ def test_rounds_report_their_width_class_with_their_time():
     widths, reports = [], []
     real_run, real_observe = round_module.SpeculativeRound.run, ScheduledPolicy.observe_step
 
-    def run(self, *args, **kwargs):
-        result = real_run(self, *args, **kwargs)
-        widths.append((result.width, result.block is not None))
+    def run(self, batch, *args, **kwargs):
+        backlog = batch.num_deferred_steps
+        result = real_run(self, batch, *args, **kwargs)
+        widths.append((result.width, result.block is not None, backlog))
         return result
 
     def observe_step(self, drafted, predicted_seconds, seconds, *, sampled=False, wide=None):
@@ -161,8 +175,9 @@ def test_rounds_report_their_width_class_with_their_time():
     round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = run, observe_step
     try:
         target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                        assistant_model=draft)
+                        assistant_model=draft, dspark_policy=EveryThirdRoundDrafts())
     finally:
         round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = real_run, real_observe
-    assert len(reports) == len(widths) > 3
-    assert reports == [(width > 1, drafted) for width, drafted in widths]
+    assert reports == [(width > 1, drafted) for width, drafted, backlog in widths if not (drafted and backlog > 1)]
+    kinds = {(width > 1, drafted, drafted and backlog > 1) for width, drafted, backlog in widths}
+    assert len(reports) > 3 and {(True, True, True), (False, False, False)} <= kinds, kinds
