@@ -272,7 +272,7 @@ class ScheduledPolicy(VerifyPolicy):
         self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
         # running actual / predicted step seconds per kind of round, (wide, drafted, sampled): the profile times
         # greedy forwards on a clean cache, and a sampled round draws its drafts and rejection-samples them
-        # (measured on SmolLM2: a sampled drafter round 72.5 ms, a greedy one 51.7 ms, a plain round 44 ms); in the
+        # (SmolLM2, torch.multinomial: a sampled drafter round 72.5 ms, greedy 51.7, plain 44; less since); in the
         # engine a wide verify ran ~1.35× its prediction and a 1-token one ~1.12× (masks over holes, cache
         # growth), a gap no single factor can correct since the choice is between those two widths
         self._time_ratio: dict[tuple[bool, bool, bool], float] = {}
