@@ -167,7 +167,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else DynamicCache(config=model.config)
     do_sample = bool(generation_config.do_sample)
-    with loop_linears(dspark_cpu_linears, model, drafter), TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
+    linears = loop_linears(dspark_cpu_linears, model, drafter)
+    with linears, TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
         batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,

@@ -447,13 +447,11 @@ class ScheduledPolicy(VerifyPolicy):
     def step_time_ratio(self, *, wide: bool, drafted: bool, sampled: bool = False) -> float:
         """Measured / predicted seconds of one kind of step. A kind not seen yet borrows the nearest kind that was
         (same width class first: a wide lookup round before any was timed is priced like a drafted one), else 1."""
-        for w, d, s in ((wide, drafted, sampled), (wide, not drafted, sampled), (not wide, drafted, sampled),
-                        (not wide, not drafted, sampled), (wide, drafted, not sampled),
-                        (wide, not drafted, not sampled), (not wide, drafted, not sampled),
-                        (not wide, not drafted, not sampled)):
-            ratio = self._time_ratio.get((w, d, s))
-            if ratio is not None:
-                return ratio
+        for s in (sampled, not sampled):
+            for w, d in ((wide, drafted), (wide, not drafted), (not wide, drafted), (not wide, not drafted)):
+                ratio = self._time_ratio.get((bool(w), bool(d), bool(s)))
+                if ratio is not None:
+                    return ratio
         return 1.0
 
     def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False) -> np.ndarray:

@@ -132,17 +132,16 @@ def time_padded_verify_widths(target, rows: int, widths: Sequence[int], *, conte
         forward(0)  # the very first forward is a warm-up and is not timed
     times: list[list[float]] = [[] for _ in widths]
     active = list(range(len(widths)))
-    for _ in range(max(repeats, 1)):
+    for repeat in range(max(repeats, 1)):
         for j in active:
             times[j].append(forward(j))
-        done = [j for j in active if sum(times[j]) >= budget_s]
-        active = [j for j in active if j not in done]
-        for _ in done if on_width is not None else ():
+        last_pass = repeat == max(repeats, 1) - 1
+        finished = [j for j in active if last_pass or sum(times[j]) >= budget_s]
+        active = [j for j in active if j not in finished]
+        for _ in finished if on_width is not None else ():
             on_width()
         if not active:
             break
-    for _ in active if on_width is not None else ():
-        on_width()
     return [_robust_seconds(t) for t in times]
 
 
@@ -306,11 +305,11 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     W = 1..4, 8, ... (``coarse_width_grid``, plus the widths where the skinny kernel's cost jumps), each cell
     repeated until ``repeats`` runs or ``CELL_BUDGET_S``, and no row count that would end after ``max_seconds``
     (larger R are then extrapolated in proportion to R, which the cost is once compute-bound; None = no limit);
-    lookups interpolate between. ``refine=True`` measures the
-    fine grid (R = 1, 2, 4, 8, ..., every W, all ``repeats``, no time limit); a cached fine table is then also
-    what later coarse calls use. ``rows`` gives the row grid (measured in full).
-    Costs are made non-decreasing in R and W (isotonic fit) so noise never rewards a bigger step. Measuring logs
-    its estimated duration first (a WARNING when long) and shows a progress bar on a terminal (``progress``).
+    lookups interpolate between. ``refine=True`` measures the fine grid (R = 1, 2, 4, 8, ..., every W, all
+    ``repeats``, no time limit); a cached fine table is then also what later coarse calls use. ``rows`` gives
+    the row grid (measured in full). Costs are made non-decreasing in R and W (isotonic fit) so noise never
+    rewards a bigger step. Measuring logs its estimated duration first (a WARNING when long) and shows a progress
+    bar on a terminal (``progress``).
 
     The cache is keyed by model, dtype, device and threads, not by how busy the machine was: a table measured
     while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
