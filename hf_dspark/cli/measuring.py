@@ -270,6 +270,10 @@ def add_serve_bench(sub) -> None:
                         "time, as DSparkEngine does by default; shared: one table measured up front, fixed for "
                         "every engine (decisions independent of the machine's load during the run)")
     p.add_argument("--max-prefill-tokens", type=int, default=2048)
+    p.add_argument("--interleave", choices=("steps", "runs"), default="steps",
+                   help="steps: the policies of one concurrency level run in lock-step, one engine step each in "
+                        "turn, each timed on its own clock (a shared machine's drift hits all alike); runs: one "
+                        "policy's run after another")
     p.add_argument("--out", default="runs/bench_serving")
     p.set_defaults(func=cmd_serve_bench, default_log_level="info")
 
@@ -279,7 +283,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
 
     from ..evaluation.plots import plot_throughput_frontier
     from ..evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, run_serving_bench,
-                                            serving_prompts, summary_table)
+                                            serving_prompts, step_kind_table, summary_table)
     from ..loading import load_drafter, load_target
     from ..generation.memory import LONG_MATCH_TOKENS
     from ..serving import DSparkEngine, profile_step_cost
@@ -299,7 +303,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, requests_factor=args.requests_factor,
         min_requests=args.min_requests, temperature=args.temperature, repeats=args.repeats,
-        max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears)
+        max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears, interleave=args.interleave)
     prompts = serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark, args.max_prompts,
                               args.max_prompt_tokens)
     gamma = drafter.model.config.block_size
@@ -321,11 +325,12 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
                                 sps_cache_dir=sps_cache_dir)
     summary = median_over_repeats(results)
     print("\n" + summary_table(summary, settings.policies, settings.levels))
+    print("\n" + step_kind_table(summary, settings.policies, settings.levels))
     report = {"target": target_name, "drafter": drafter.source, "drafter_trained": drafter.trained,
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
-              "repeats": args.repeats, "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
+              "repeats": args.repeats, "interleave": args.interleave, "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}
     (out_dir / "results.json").write_text(json.dumps(report, indent=1))
     title = (f"DSparkEngine on {args.target or 'SmolLM2-135M'} ({'trained' if drafter.trained else 'UNTRAINED'} "

@@ -4,8 +4,9 @@ closed-loop load.
 For each concurrency C, every policy serves the same request stream with C requests always in flight (a finished
 request is replaced at once): engine throughput (generated tok/s over the run), per-user tok/s (each request's
 decoding speed after its first token, averaged), TTFT, mean verify budget (drafts verified per request per step),
-τ and wasted verify tokens. Policies are interleaved within each concurrency level, their order rotated each
-repeat, so the noise of a shared machine hits them alike.
+τ and wasted verify tokens, and the time per kind of step. By default the policies of one concurrency level run in
+lock-step, one engine step each in turn, every policy timed on its own clock (:class:`ClosedLoop`), so the drift of
+a shared machine hits them alike; their order is rotated each round and each repeat.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ServingBenchSettings:
     repeats: int = 1
     max_prefill_tokens: int = 2048
     cpu_linears: bool = True  # every engine's ``cpu_linears`` (the skinny CPU kernel; False: stock F.linear)
+    interleave: str = "steps"  # "steps": the policies of a level in lock-step (ClosedLoop); "runs": one by one
 
 
 def parse_policy(label: str, threshold: float) -> tuple[str, dict, dict]:
@@ -78,52 +80,111 @@ def serving_prompts(tokenizer, eval_dir, per_benchmark: int, max_prompts: int | 
     return mixed[:max_prompts] if max_prompts else mixed
 
 
-def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int, num_requests: int,
-              max_new_tokens: int, sampling: dict) -> dict:
-    """Closed loop: keep ``concurrency`` requests in flight until ``num_requests`` have been served.
+class ClosedLoop:
+    """One policy's closed loop (``concurrency`` requests in flight until ``num_requests`` were served), advanced
+    one engine step at a time on its own clock: the seconds its own steps (and submissions) took.
 
-    Besides the whole run (``throughput``: every token over the wall time, the drain at the end included), the
-    record has ``full_load_throughput``: tokens committed per second until the first slot goes idle for want of
+    Why a clock of its own: this project's machine is shared, and its speed drifts by ±10-25 % over tens of seconds,
+    so arms timed one after another differ by more than the policies do. Stepping every arm's loop in turn
+    (:func:`run_interleaved`) lets each arm see the same drift, at the granularity of one step, and each arm's
+    throughput, per-user speed and TTFT are read off its own clock.
+
+    Besides the whole run (``throughput``, the drain at the end included), the record has
+    ``full_load_throughput``: tokens committed per second of the clock until the first slot goes idle for want of
     requests. A finite closed loop ends with a drain whose length depends on how the last requests happen to be
     staggered (equal-length requests under plain decoding finish together; speculation staggers them), which a
     server under steady traffic never sees; the full-load window is that steady state."""
-    inflight, outputs, submitted = [], [], 0
-    full_load = None  # (seconds, tokens) when the drain began
-    start = time.perf_counter()
-    while submitted < num_requests or inflight:
-        while len(inflight) < concurrency and submitted < num_requests:
-            name, ids = prompts[submitted % len(prompts)]
-            inflight.append((submitted, name, engine.submit(ids, max_new_tokens, **sampling)))
-            submitted += 1
-        if full_load is None and submitted >= num_requests and len(inflight) < concurrency:
-            done_tokens = sum(len(out.token_ids) for _, _, out in outputs)
-            full_load = (time.perf_counter() - start, done_tokens + sum(len(h.token_ids) for _, _, h in inflight))
-        engine.step()
+
+    def __init__(self, engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int,
+                 num_requests: int, max_new_tokens: int, sampling: dict):
+        self.engine, self.prompts, self.concurrency = engine, prompts, concurrency
+        self.num_requests, self.max_new_tokens, self.sampling = num_requests, max_new_tokens, sampling
+        self.clock = 0.0
+        self.submitted = 0
+        self.inflight: list[tuple[int, object, float]] = []  # (index, handle, submitted at, on the clock)
+        self.first_token: dict[int, float] = {}
+        self.outputs: dict[int, object] = {}
+        self.finished_at: dict[int, float] = {}
+        self.full_load: tuple[float, int] | None = None  # (clock, tokens) when the drain began
+
+    @property
+    def done(self) -> bool:
+        return self.submitted >= self.num_requests and not self.inflight
+
+    def advance(self) -> None:
+        """Top the loop up to ``concurrency`` requests, run one engine step, collect what finished."""
+        start = time.perf_counter()
+        while len(self.inflight) < self.concurrency and self.submitted < self.num_requests:
+            _, ids = self.prompts[self.submitted % len(self.prompts)]
+            handle = self.engine.submit(ids, self.max_new_tokens, **self.sampling)
+            self.inflight.append((self.submitted, handle, self.clock + time.perf_counter() - start))
+            self.submitted += 1
+        if (self.full_load is None and self.submitted >= self.num_requests
+                and len(self.inflight) < self.concurrency):
+            tokens = sum(len(out.token_ids) for out in self.outputs.values())
+            self.full_load = (self.clock, tokens + sum(len(h.token_ids) for _, h, _ in self.inflight))
+        self.engine.step()
+        self.clock += time.perf_counter() - start
         still = []
-        for index, name, handle in inflight:
+        for index, handle, submitted_at in self.inflight:
+            if index not in self.first_token and handle.token_ids:
+                self.first_token[index] = self.clock - submitted_at
             if handle.done():
-                outputs.append((index, name, handle.result()))
+                self.outputs[index] = handle.result()
+                self.finished_at[index] = self.clock - submitted_at
             else:
-                still.append((index, name, handle))
-        inflight = still
-    wall = time.perf_counter() - start
-    m = engine.metrics()
-    tokens = sum(len(out.token_ids) for _, _, out in outputs)
-    full_seconds, full_tokens = full_load if full_load is not None else (wall, tokens)
-    per_user = [out.metrics["tokens_per_second"] for _, _, out in outputs if out.metrics["tokens_per_second"]]
-    ttft = [out.metrics["ttft_s"] for _, _, out in outputs if out.metrics["ttft_s"] is not None]
-    return {
-        "concurrency": concurrency, "num_requests": len(outputs), "generated_tokens": tokens, "wall_s": wall,
-        "throughput": tokens / wall, "full_load_throughput": full_tokens / full_seconds if full_seconds else None,
-        "full_load_s": full_seconds, "full_load_tokens": full_tokens, "per_user_tps": sum(per_user) / len(per_user) if per_user else None,
-        "mean_ttft_s": sum(ttft) / len(ttft) if ttft else None, "mean_verify_budget": m["mean_verify_budget"],
-        "mean_verify_tokens": m["mean_verify_tokens"], "mean_batch_size": m["mean_batch_size"], "tau": m["tau"],
-        "acceptance_rate": m["acceptance_rate"], "wasted_verify_tokens": m["wasted_verify_tokens"],
-        "padding_tokens": m["padding_tokens"], "draft_s": m["draft_s"], "verify_s": m["verify_s"],
-        "prefill_s": m["prefill_s"], "compactions": m["compactions"], "decode_steps": m["decode_steps"],
-        "skipped_draft_steps": m["skipped_draft_steps"],
-        "outputs": {index: out.token_ids for index, _, out in outputs},
-    }
+                still.append((index, handle, submitted_at))
+        self.inflight = still
+
+    def record(self) -> dict:
+        """The run's numbers (see the module docstring); ``outputs`` maps request index -> token ids."""
+        m = self.engine.metrics()
+        tokens = sum(len(out.token_ids) for out in self.outputs.values())
+        full_seconds, full_tokens = self.full_load if self.full_load is not None else (self.clock, tokens)
+        per_user, ttft = [], []
+        for index, out in self.outputs.items():
+            n, first, last = len(out.token_ids), self.first_token.get(index), self.finished_at[index]
+            if first is not None:
+                ttft.append(first)
+                if n > 1 and last > first:
+                    per_user.append((n - 1) / (last - first))
+        return {
+            "concurrency": self.concurrency, "num_requests": len(self.outputs), "generated_tokens": tokens,
+            "wall_s": self.clock, "throughput": tokens / self.clock if self.clock else 0.0,
+            "full_load_throughput": full_tokens / full_seconds if full_seconds else None,
+            "full_load_s": full_seconds, "full_load_tokens": full_tokens,
+            "per_user_tps": sum(per_user) / len(per_user) if per_user else None,
+            "mean_ttft_s": sum(ttft) / len(ttft) if ttft else None, "mean_verify_budget": m["mean_verify_budget"],
+            "mean_verify_tokens": m["mean_verify_tokens"], "mean_batch_size": m["mean_batch_size"], "tau": m["tau"],
+            "acceptance_rate": m["acceptance_rate"], "wasted_verify_tokens": m["wasted_verify_tokens"],
+            "padding_tokens": m["padding_tokens"], "draft_s": m["draft_s"], "verify_s": m["verify_s"],
+            "prefill_s": m["prefill_s"], "compactions": m["compactions"], "decode_steps": m["decode_steps"],
+            "skipped_draft_steps": m["skipped_draft_steps"], "step_kinds": m["step_kinds"],
+            "outputs": {index: out.token_ids for index, out in sorted(self.outputs.items())},
+        }
+
+
+def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int, num_requests: int,
+              max_new_tokens: int, sampling: dict) -> dict:
+    """One policy's closed loop run alone to the end (:class:`ClosedLoop`); its record."""
+    loop = ClosedLoop(engine, prompts, concurrency, num_requests, max_new_tokens, sampling)
+    while not loop.done:
+        loop.advance()
+    return loop.record()
+
+
+def run_interleaved(loops: Sequence[ClosedLoop]) -> list[dict]:
+    """Advance every loop by one step in turn (the first to step rotating each round) until all are done; their
+    records, in order. Each loop times only its own steps, so a slow stretch of the machine costs every arm alike."""
+    loops = list(loops)
+    turn = 0
+    while not all(loop.done for loop in loops):
+        shift = turn % len(loops)
+        for loop in loops[shift:] + loops[:shift]:
+            if not loop.done:
+                loop.advance()
+        turn += 1
+    return [loop.record() for loop in loops]
 
 
 def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[int]]], sps,
@@ -131,7 +192,10 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
     """Every (concurrency, repeat, policy) cell on the same request stream; one record per cell. Greedy runs also
     record how often the batched outputs equal the first policy's (``greedy_agreement``). ``sps`` None: every
     engine measures its own step cost (disk cache ``sps_cache_dir``) and corrects it by wall time, as by default;
-    a profile or table: every engine uses it as it is."""
+    a profile or table: every engine uses it as it is. ``settings.interleave``: "steps" runs the policies of one
+    (concurrency, repeat) in lock-step (:func:`run_interleaved`), "runs" one after another."""
+    if settings.interleave not in ("steps", "runs"):
+        raise ValueError(f"serve-bench: interleave must be 'steps' or 'runs', got {settings.interleave!r}")
     widest = max(drafter.config.block_size, LONG_MATCH_TOKENS)  # a lookup proposal may exceed the block
     slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + widest + 1
     sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {}
@@ -142,7 +206,9 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
         reference = None
         for repeat in range(settings.repeats):
             shift = repeat % len(policies)  # no policy always runs first (or right after a warm cache)
-            for label in policies[shift:] + policies[:shift]:
+            labels = policies[shift:] + policies[:shift]
+            loops = []
+            for label in labels:
                 name, kwargs, engine_kwargs = parse_policy(label, settings.threshold)
                 draft = engine_kwargs.pop("draft", drafter if name != "none" else None)
                 engine = DSparkEngine(target, draft, name, policy_kwargs=kwargs, sps=sps,
@@ -152,13 +218,20 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                                       cpu_linears=settings.cpu_linears, **engine_kwargs)
                 if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream
                     _ = engine.step_cost
-                record = run_level(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
+                loop = ClosedLoop(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
+                if settings.interleave == "runs":
+                    while not loop.done:
+                        loop.advance()
+                loops.append(loop)
+            records = run_interleaved(loops) if settings.interleave == "steps" else [l.record() for l in loops]
+            for label, record in zip(labels, records):
                 outputs = record.pop("outputs")
                 if reference is None:
                     reference = outputs
                 elif not sampling:
                     record["greedy_agreement"] = sum(outputs[i] == reference[i] for i in reference) / len(reference)
                 record["policy"], record["repeat"] = label, repeat
+                record["interleave"] = settings.interleave
                 results.append(record)
                 logger.info("C=%3d %16s #%d: %7.1f tok/s, per-user %6.1f tok/s, verify budget %.2f, tau %.2f, "
                             "TTFT %.2fs", concurrency, label, repeat, record["throughput"],
@@ -180,6 +253,13 @@ def median_over_repeats(results: list[dict]) -> list[dict]:
             values = [r.get(key) for r in records]
             if key not in merged and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 merged[key] = statistics.median(values)
+        kinds: dict[str, dict] = {}  # summed over the repeats
+        for record in records:
+            for kind, entry in record.get("step_kinds", {}).items():
+                total = kinds.setdefault(kind, dict.fromkeys(entry, 0))
+                for key, value in entry.items():
+                    total[key] += value
+        merged["step_kinds"] = kinds
         merged["throughput_runs"] = [r["throughput"] for r in records]
         merged["full_load_throughput_runs"] = [r.get("full_load_throughput") for r in records]
         summary.append(merged)
@@ -198,4 +278,21 @@ def summary_table(summary: list[dict], policies: Sequence[str], levels: Sequence
             cells.append(f"{r['throughput']:7.1f} ({r['per_user_tps'] or 0:5.1f}) [{r.get('full_load_throughput') or 0:5.1f}]"
                          if r else " " * 24)
         lines.append(f"{concurrency:<4d} | " + " | ".join(f"{c:>24s}" for c in cells))
+    return "\n".join(lines)
+
+
+def step_kind_table(summary: list[dict], policies: Sequence[str], levels: Sequence[int]) -> str:
+    """Per (concurrency, policy) and kind of decode step: steps, rows, tokens per step, ms per step and tok/s, summed
+    over the repeats — where each policy's decoding time went (the full load and the drain together)."""
+    by_cell = {(r["concurrency"], r["policy"]): r for r in summary}
+    lines = ["decode steps by kind, summed over repeats: steps, mean rows, tokens/step, ms/step, tok/s"]
+    for concurrency in levels:
+        for policy in policies:
+            record = by_cell.get((concurrency, policy))
+            for kind, e in sorted((record or {}).get("step_kinds", {}).items()):
+                if e["steps"]:
+                    lines.append(f"C={concurrency:<3d} {policy:>20s} {kind:>26s}: {e['steps']:5d} steps, "
+                                 f"{e['rows'] / e['steps']:5.1f} rows, {e['tokens'] / e['steps']:5.2f} tok/step, "
+                                 f"{1000 * e['seconds'] / e['steps']:6.1f} ms, "
+                                 f"{e['tokens'] / e['seconds'] if e['seconds'] else 0:6.1f} tok/s")
     return "\n".join(lines)

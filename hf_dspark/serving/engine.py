@@ -527,7 +527,9 @@ class DSparkEngine(PrefillMixin):
         metrics = self.engine_metrics
         metrics.generated_tokens += sum(committed)
         metrics.stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
-        metrics.observe_decode_step(len(committed), result.width, result.lengths, result.num_accepted)
+        metrics.observe_decode_step(len(committed), result.width, result.lengths, result.num_accepted,
+                                    drafted=result.block is not None, committed=sum(committed),
+                                    seconds=result.draft_seconds + result.verify_seconds)
         logger.debug("step %d: R=%d, verify tokens B=%d (width %d), accepted %d, committed %d",
                      metrics.decode_steps, len(committed), len(committed) + sum(result.lengths), result.width,
                      sum(result.num_accepted), sum(committed))

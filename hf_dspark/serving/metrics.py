@@ -23,6 +23,11 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+#: decode steps by (drafter ran, drafts verified): a plain step, lookup drafts verified without a drafter pass, a
+#: drafter pass whose drafts (or lookup drafts) were verified, and a drafter pass that then verified nothing
+STEP_KINDS = {False: {False: "plain", True: "lookup"}, True: {False: "drafted, nothing verified", True: "drafted"}}
+
+
 @dataclass
 class EngineMetrics:
     block_size: int
@@ -50,11 +55,22 @@ class EngineMetrics:
     isolated_step_failures: int = 0  # decode steps that raised (the batch resumed, at most one request failed)
     request_latencies: list[dict] = field(default_factory=list)  # per finished request (bounded, see below)
     max_kept_requests: int = 100_000
+    # per kind of decode step (STEP_KINDS): steps, rows, committed tokens, seconds — where a policy's time goes
+    step_kinds: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.stats = DSparkStats.new(self.block_size)
 
-    def observe_decode_step(self, num_rows: int, width: int, lengths: list[int], accepted: list[int]) -> None:
+    def observe_decode_step(self, num_rows: int, width: int, lengths: list[int], accepted: list[int], *,
+                            drafted: bool = False, committed: int | None = None, seconds: float = 0.0) -> None:
+        """One decode step: R rows verified at ``width``; ``drafted``: the drafter ran; ``committed`` tokens
+        (default: every row's accepted drafts + 1) in ``seconds`` (drafter pass + verify)."""
+        kind = STEP_KINDS[bool(drafted)][width > 1]
+        entry = self.step_kinds.setdefault(kind, {"steps": 0, "rows": 0, "tokens": 0, "seconds": 0.0})
+        entry["steps"] += 1
+        entry["rows"] += num_rows
+        entry["tokens"] += sum(accepted) + num_rows if committed is None else committed
+        entry["seconds"] += seconds
         self.decode_steps += 1
         self.request_rounds += num_rows
         self.verify_tokens += num_rows + sum(lengths)
@@ -98,6 +114,7 @@ class EngineMetrics:
             "rejected_requests": self.rejected_requests,
             "compactions": self.compactions,
             "skipped_draft_steps": self.skipped_draft_steps,
+            "step_kinds": {kind: dict(entry) for kind, entry in self.step_kinds.items()},
             "isolated_step_failures": self.isolated_step_failures,
             "mean_ttft_s": _mean([m["ttft_s"] for m in latencies]),
             "mean_itl_s": _mean([m["mean_itl_s"] for m in latencies]),

@@ -67,3 +67,52 @@ def test_full_load_window_ends_when_a_slot_first_goes_idle(tiny_target, tiny_dra
     assert record["full_load_tokens"] == 12
     assert 0 < record["full_load_s"] < record["wall_s"]
     assert record["full_load_throughput"] == pytest.approx(12 / record["full_load_s"])
+
+
+def test_lock_step_arms_keep_their_own_clocks_and_outputs(tiny_target, tiny_drafter):
+    """Interleaved loops serve the same tokens as loops run one after another, and an arm's clock holds only its
+    own steps: slowing one engine's steps does not slow the other arm's numbers."""
+    import time
+
+    from hf_dspark.evaluation.serving_bench import ClosedLoop, run_interleaved, run_level
+    from hf_dspark.serving import DSparkEngine
+
+    prompts = [("a", [5, 17, 33]), ("b", [8, 9, 10]), ("c", [40, 41])]
+    sps = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}
+    alone = run_level(DSparkEngine(tiny_target, tiny_drafter, "fixed", policy_kwargs={"num_tokens": 2}, sps=sps,
+                                   max_running_requests=2), prompts, 2, 4, 6, {})
+    slow = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
+    step = slow.step
+    slow.step = lambda: (time.sleep(0.05), step())[1]
+    fast = DSparkEngine(tiny_target, tiny_drafter, "fixed", policy_kwargs={"num_tokens": 2}, sps=sps,
+                        max_running_requests=2)
+    records = run_interleaved([ClosedLoop(slow, prompts, 2, 4, 6, {}), ClosedLoop(fast, prompts, 2, 4, 6, {})])
+    assert [r["outputs"] for r in records] == [alone["outputs"]] * 2  # greedy: the same tokens every way
+    slow_record, fast_record = records
+    assert slow_record["wall_s"] >= 0.05 * slow_record["decode_steps"]
+    assert fast_record["wall_s"] < 0.05 * slow_record["decode_steps"] / 2  # none of the slow arm's sleeps
+    assert fast_record["throughput"] == pytest.approx(fast_record["generated_tokens"] / fast_record["wall_s"])
+    assert all(r["per_user_tps"] > 0 and 0 < r["mean_ttft_s"] <= r["wall_s"] for r in records)
+
+
+def test_step_kinds_account_for_every_decode_step_and_token(tiny_target, tiny_drafter):
+    from hf_dspark.evaluation.serving_bench import run_level
+    from hf_dspark.serving import DSparkEngine
+
+    sps = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}
+    for policy, kwargs, kinds in (("none", {}, {"plain"}), ("fixed", {"num_tokens": 2}, {"drafted"})):
+        engine = DSparkEngine(tiny_target, tiny_drafter if policy != "none" else None, policy, policy_kwargs=kwargs,
+                              sps=sps, max_running_requests=2)
+        record = run_level(engine, [("a", [5, 17, 33]), ("b", [8, 9, 10])], 2, 3, 6, {})
+        steps = record["step_kinds"]
+        assert kinds <= set(steps) <= {"plain", "drafted", "drafted, nothing verified"}
+        assert sum(e["steps"] for e in steps.values()) == record["decode_steps"]
+        # every token but each request's first (its prefill picks that one)
+        assert sum(e["tokens"] for e in steps.values()) == record["generated_tokens"] - 3 == 15
+        assert all(e["seconds"] > 0 and e["rows"] >= e["steps"] for e in steps.values())
+
+
+def test_interleave_setting_is_checked(tiny_target, tiny_drafter):
+    settings = ServingBenchSettings(levels=[1], policies=["none"], max_new_tokens=2, interleave="sometimes")
+    with pytest.raises(ValueError, match="interleave"):
+        run_serving_bench(tiny_target, tiny_drafter, None, [("a", [5, 6])], {1: 1.0}, settings)
