@@ -176,13 +176,18 @@ class SpeculativeRound:
 
     def _plan(self, rows: int, budgets: Sequence[int], cost, row_ids, sampled: bool) -> RoundPlan:
         """Lookup proposals and the policy's decision whether the drafter runs (before anything is drafted)."""
+        caps = np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0)  # drafts a row may verify (+1 bonus token)
         if self.lookup is None or row_ids is None:
-            return RoundPlan(bool(self.max_drafts) and self.policy.wants_drafts(rows, cost, sampled=sampled))
-        caps = [max(int(b) - 1, 0) for b in budgets]
-        proposals = [truncate(p, cap) for p, cap in zip(self.lookup.propose(row_ids, max_tokens=caps), caps)]
+            return RoundPlan(bool(self.max_drafts) and self.policy.wants_drafts(rows, cost, sampled=sampled,
+                                                                                caps=caps))
+        if not caps.any():  # every row commits its last token: nothing to propose, a plain step
+            return RoundPlan(False)
+        caps_list = caps.tolist()
+        proposals = [truncate(p, cap) for p, cap in zip(self.lookup.propose(row_ids, max_tokens=caps_list),
+                                                        caps_list)]
         confidences = self.calibrator.confidence_matrix(proposals)
         use_lookup, run_drafter = self.policy.plan_sources(confidences, cost, drafter_available=bool(self.max_drafts),
-                                                           sampled=sampled)
+                                                           sampled=sampled, caps=caps)
         return RoundPlan(bool(run_drafter), proposals, confidences, np.asarray(use_lookup, dtype=bool))
 
     def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator):

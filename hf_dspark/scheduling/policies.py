@@ -84,9 +84,10 @@ class VerifyPolicy:
         return 0.0
 
     def wants_drafts(self, num_requests: int, cost: "StepCostProfile | SPSProfile | None", *,
-                     sampled: bool = False) -> bool:
+                     sampled: bool = False, caps: np.ndarray | None = None) -> bool:
         """Whether drafting this round can pay at all (False: a plain decoding round, the drafter is skipped);
-        ``sampled``: some row of the round samples."""
+        ``sampled``: some row of the round samples; ``caps`` [R]: drafts each row may still verify (its token
+        budget less the bonus token; None: no limit)."""
         return True
 
     def observe(self, confidences, lengths, num_accepted) -> None:
@@ -227,7 +228,11 @@ class ScheduledPolicy(VerifyPolicy):
     read a_{·,i ≤ j}, i.e. x_{r,<j} only. Before drafting, :meth:`wants_drafts` asks whether any width would beat
     plain decoding at the current load, using the mean survival per position of earlier steps (drafts already
     resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
-    probing again every ``probe_interval`` skipped steps so the estimate follows the traffic.
+    probing again after ``probe_interval`` skipped steps so the estimate follows the traffic — but only at a load
+    where drafting would pay if the drafter's conditional acceptance were up to ``probe_headroom`` × its recent
+    mean: a probe costs a drafter pass, and at a load where even a much better drafter could not pay (a busy CPU
+    engine) it can only lose. Rows that may commit just one more token (a budget of 1) can verify no draft, so
+    neither they nor a round of only such rows draft.
     ``objective="tokens"`` keeps the paper's own Θ = τ · SPS(Σ_r (1 + ℓ_r)) even with a step-cost profile (the
     cost of a packed, unpadded verify: what a varlen attention back-end pays); the default "padded" prices the
     R × W forward the engine and ``generate`` actually run.
@@ -246,7 +251,7 @@ class ScheduledPolicy(VerifyPolicy):
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
                  calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded",
-                 probe_backoff: float = 1.0, max_probe_interval: int = 1024):
+                 probe_backoff: float = 1.0, max_probe_interval: int = 1024, probe_headroom: float = 1.5):
         if objective not in ("padded", "tokens"):
             raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
                              f"(the paper's Θ = τ · SPS(Σ(1 + ℓ_r))), got {objective!r}")
@@ -258,6 +263,10 @@ class ScheduledPolicy(VerifyPolicy):
         # max_probe_interval skipped rounds); a round where drafting pays resets the interval
         self.probe_backoff, self.max_probe_interval = probe_backoff, max_probe_interval
         self._probe_every = probe_interval
+        if not probe_headroom >= 1.0:
+            raise ValueError(f"scheduled: probe_headroom must be >= 1 (1: probe only where the drafter's recent "
+                             f"acceptance already pays), got {probe_headroom}")
+        self.probe_headroom = float(probe_headroom)
         if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
             raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
                              f"{probe_interval}, {survival_momentum}")
@@ -324,7 +333,8 @@ class ScheduledPolicy(VerifyPolicy):
 
     # -- two proposers: lookup and drafter -------------------------------------------------------------------
     def plan_sources(self, lookup_confidences: np.ndarray, cost, *, drafter_available: bool,
-                     wants: np.ndarray | None = None, sampled: bool = False) -> tuple[np.ndarray, bool]:
+                     wants: np.ndarray | None = None, sampled: bool = False,
+                     caps: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
         """Before drafting: which rows take their lookup proposal, and whether the drafter runs at all.
 
         ``lookup_confidences`` [R, L] calibrated conditional confidences of each row's lookup proposal (0 past its
@@ -333,44 +343,67 @@ class ScheduledPolicy(VerifyPolicy):
         the best step without the drafter — every row on its lookup proposal, if it has one — both priced by the
         step cost; when it does not run, every row with a lookup proposal takes it.
         Non-anticipating: everything here is known before any draft of this round is sampled.
-        ``wants`` [R] bool (optional): rows that may use the drafter at all."""
+        ``wants`` [R] bool (optional): rows that may use the drafter at all; ``caps`` [R]: drafts each row may
+        still verify (None: no limit)."""
         lookup_survival = prefix_survival(np.clip(np.asarray(lookup_confidences, dtype=np.float64), 0.0, 1.0))
         num_rows = lookup_survival.shape[0]
         expected_lookup = lookup_survival.sum(axis=1) if lookup_survival.size else np.zeros(num_rows)
-        if not drafter_available or not num_rows:
+        drafter_rows = np.ones(num_rows, dtype=bool) if caps is None else np.asarray(caps) > 0
+        if wants is not None:
+            drafter_rows &= np.asarray(wants, dtype=bool)
+        if not drafter_available or not drafter_rows.any():
             return expected_lookup > 0, False
         if self.mean_survival is None:  # the drafter's acceptance is unknown: draft, and learn it
             return np.zeros(num_rows, dtype=bool), True
-        drafter_survival = self.mean_survival
-        use_lookup = expected_lookup > drafter_survival.sum()
-        if wants is not None:
-            use_lookup |= ~np.asarray(wants, dtype=bool)
+        drafter_survival = self._row_survival(self.mean_survival, num_rows, caps)
+        use_lookup = (expected_lookup > drafter_survival.sum(axis=1)) | ~drafter_rows
         if use_lookup.all():
             return use_lookup, False
         if not _is_step_cost(cost):
             return use_lookup, True
-        if self._probe_due():  # refresh the drafter's estimate now and then
-            return use_lookup, True
         # without the drafter every row falls back to its own lookup proposal (if any), not to a plain step: the
         # drafter must beat that (its pass costs time; a row it takes loses the proposal it had)
-        width = max(lookup_survival.shape[1], drafter_survival.size)
+        width = max(lookup_survival.shape[1], drafter_survival.shape[1])
         without = np.zeros((num_rows, width))
         without[:, : lookup_survival.shape[1]] = lookup_survival
-        with_drafter = without.copy()
-        with_drafter[~use_lookup] = 0.0
-        with_drafter[~use_lookup, : drafter_survival.size] = drafter_survival
         gamma = min(width, cost.max_width - 1)
-        theta_without = padded_width_path(without[:, :gamma], cost, drafted=False,
-                                          step_factors=self.step_time_factors(gamma, drafted=False, sampled=sampled))
-        theta_with = padded_width_path(with_drafter[:, :gamma], cost, drafted=True,
-                                       step_factors=self.step_time_factors(gamma, drafted=True, sampled=sampled))
-        pays = bool(theta_with.max(initial=0.0) > theta_without.max(initial=0.0))
+        best_without = padded_width_path(without[:, :gamma], cost, drafted=False, step_factors=self.step_time_factors(
+            gamma, drafted=False, sampled=sampled)).max(initial=0.0)
+
+        def best_with(survival: np.ndarray) -> float:
+            with_drafter = without.copy()
+            with_drafter[~use_lookup] = 0.0
+            with_drafter[~use_lookup, : survival.shape[1]] = survival[~use_lookup]
+            factors = self.step_time_factors(gamma, drafted=True, sampled=sampled)
+            return padded_width_path(with_drafter[:, :gamma], cost, drafted=True, step_factors=factors).max(initial=0.0)
+
+        pays = bool(best_with(drafter_survival) > best_without)
+        if not pays and self._probe_due(lambda: best_with(self._row_survival(
+                self._optimistic_survival(), num_rows, caps)) > best_without):
+            return use_lookup, True  # a probe: refresh the drafter's estimate
         self._note_decision(pays)
         return (use_lookup if pays else expected_lookup > 0), pays
 
-    def _probe_due(self) -> bool:
-        """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off)."""
-        if self._skipped_in_a_row < self._probe_every:
+    @staticmethod
+    def _row_survival(survival: np.ndarray, num_rows: int, caps: np.ndarray | None) -> np.ndarray:
+        """[R, γ] per-row survival: the mean survival, zero past each row's cap."""
+        rows = np.tile(survival, (num_rows, 1))
+        if caps is not None:
+            rows[np.arange(survival.size)[None, :] >= np.asarray(caps)[:, None]] = 0.0
+        return rows
+
+    def _optimistic_survival(self) -> np.ndarray:
+        """The mean survival as it would be with every conditional acceptance ``probe_headroom`` × higher (≤ 1):
+        what a probe could plausibly find."""
+        survival = self.mean_survival
+        previous = np.concatenate([[1.0], survival[:-1]])
+        conditional = np.divide(survival, previous, out=np.zeros_like(survival), where=previous > 0)
+        return np.cumprod(np.minimum(1.0, conditional * self.probe_headroom))
+
+    def _probe_due(self, plausible: Callable[[], bool] | None = None) -> bool:
+        """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off) — if
+        ``plausible()`` says a probe could find drafting paying at this load; else the probe waits for one."""
+        if self._skipped_in_a_row < self._probe_every or (plausible is not None and not plausible()):
             return False
         self._skipped_in_a_row = 0
         self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
@@ -473,22 +506,28 @@ class ScheduledPolicy(VerifyPolicy):
             out["drafted, nothing verified" + tail] = self.step_time_ratio(wide=False, drafted=True, sampled=sampled)
         return out
 
-    def wants_drafts(self, num_requests: int, cost: "StepCostProfile", *, sampled: bool = False) -> bool:
+    def wants_drafts(self, num_requests: int, cost: "StepCostProfile", *, sampled: bool = False,
+                     caps: np.ndarray | None = None) -> bool:
         """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
 
-        Always True before the first drafted step (nothing known yet) and on every ``probe_interval``-th step
-        after a run of skipped ones."""
+        Always True before the first drafted step (nothing known yet), unless no row may verify a draft (``caps``
+        all 0); after a run of skipped steps a probe, where one could find drafting paying."""
+        if caps is not None and not np.any(np.asarray(caps) > 0):
+            return False
         if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
             return True
-        if self._probe_due():
-            return True
-        survival = np.broadcast_to(self.mean_survival, (num_requests, self.mean_survival.size))
-        gamma = min(survival.shape[1], cost.max_width - 1)
-        drafting = padded_width_path(survival[:, :gamma], cost,
-                                     step_factors=self.step_time_factors(gamma, drafted=True, sampled=sampled))
+        gamma = min(self.mean_survival.size, cost.max_width - 1)
+        factors = self.step_time_factors(gamma, drafted=True, sampled=sampled)
         plain = num_requests / (cost.verify(num_requests, 1)
                                 * self.step_time_ratio(wide=False, drafted=False, sampled=sampled))
-        pays = bool(drafting[1:].max(initial=0.0) > plain)
+
+        def best(survival: np.ndarray) -> float:
+            rows = self._row_survival(survival, num_requests, caps)[:, :gamma]
+            return padded_width_path(rows, cost, step_factors=factors)[1:].max(initial=0.0)
+
+        pays = bool(best(self.mean_survival) > plain)
+        if not pays and self._probe_due(lambda: best(self._optimistic_survival()) > plain):
+            return True
         self._note_decision(pays)
         return pays
 

@@ -338,9 +338,12 @@ def test_padded_walk_is_non_anticipating():
 
 
 def test_wants_drafts_follows_load_and_probes():
+    """Drafting 4 rows whose drafts survive 0.8 per position pays with a 1 ms drafter pass, not with a 0.35 s one
+    (Θ 34 vs 38 tokens/s plain), though it would if the drafter did better (perfect drafts: 51): there the policy
+    skips the drafter and probes it after every 3 skipped steps."""
     policy = make_policy("scheduled", probe_interval=3)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
-    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
     assert policy.wants_drafts(4, dear)  # nothing known yet: draft to learn the confidences
     policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
     assert policy.wants_drafts(4, cheap)
@@ -449,10 +452,45 @@ def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():
 def test_probes_back_off_while_drafting_keeps_not_paying():
     policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
-    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)  # pays only with a better drafter
     policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
     decisions = [policy.wants_drafts(4, dear) for _ in range(20)]
     probes = [i for i, d in enumerate(decisions) if d]
     assert probes == [2, 7, 16]  # after 2, then 4, then 8 skipped rounds (the cap)
     assert policy.wants_drafts(4, cheap)  # drafting pays again: the interval is back to 2
     assert [policy.wants_drafts(4, dear) for _ in range(3)] == [False, False, True]
+
+
+def test_no_probes_where_even_a_much_better_drafter_could_not_pay():
+    """A 10 s drafter pass on a 0.1 s step: drafting could not pay even with perfect drafts, so the policy never
+    probes (a probe there only costs). When the load changes to one where a better drafter would pay (a 0.35 s
+    pass; see the test above), the overdue probe runs at once; with no headroom (1.0) it never does."""
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    hopeless = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
+    marginal = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
+    for headroom, probes_when_marginal in ((1.5, True), (1.0, False)):
+        policy = make_policy("scheduled", probe_interval=3, probe_headroom=headroom)
+        policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+        assert not any(policy.wants_drafts(4, hopeless) for _ in range(50))
+        lookup = np.zeros((4, 2))
+        assert not any(policy.plan_sources(lookup, hopeless, drafter_available=True)[1] for _ in range(50))
+        assert policy.wants_drafts(4, marginal) is probes_when_marginal
+    with pytest.raises(ValueError, match="probe_headroom"):
+        make_policy("scheduled", probe_headroom=0.5)
+
+
+def test_rows_that_can_verify_no_draft_do_not_draft():
+    """A row with one token left (cap 0) can verify no draft: a round of only such rows never drafts (not even
+    to learn, and no probe is spent on it), and the drafter's value counts only the rows that can use it — one
+    row of four, here too little for its pass."""
+    policy = make_policy("scheduled", probe_interval=100)
+    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.1)  # 4 rows: Θ 66 vs 38 plain; 1 row: 30
+    none_left = np.zeros(4, dtype=np.int64)
+    assert not policy.wants_drafts(4, cost, caps=none_left)  # before anything is known, too
+    assert not policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=none_left)[1]
+    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cost)
+    assert policy.wants_drafts(4, cost, caps=np.full(4, 5))
+    one_row = np.array([0, 0, 0, 5])
+    assert not policy.wants_drafts(4, cost, caps=one_row)
+    assert not policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=one_row)[1]
+    assert policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=np.full(4, 5))[1]
