@@ -4,7 +4,7 @@ __version__ = "0.1.0.dev0"
 
 from transformers import AutoConfig, AutoModel
 
-from .cpu_kernels import skinny_linears
+from .cpu_kernels import loop_kernels, skinny_linears
 from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable
 from .metrics import DSparkStats
@@ -27,5 +27,6 @@ __all__ = [
     "load_default_drafter",
     "enable",
     "disable",
+    "loop_kernels",
     "skinny_linears",
 ]

@@ -9,7 +9,7 @@ Arms, every generation run by each of them in rotating order on the same input:
     fused          hf-dspark default: lookup + drafter under the cost-aware scheduler
 
 and, on request (``--arms``): "plain, skinny linears" / "prompt lookup, skinny linears" (the peers with the CPU
-kernel hf-dspark's loop uses, ``hf_dspark.cpu_kernels.skinny_linears``: what is speculation and what is the
+kernels hf-dspark's loop uses, ``hf_dspark.cpu_kernels.loop_kernels``: what is speculation and what is the
 kernel), "fused, stock linears" (``dspark_cpu_linears=False``), "no proposals", "fused, no prefix cache" and the
 engine arms.
 
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: E402
 
-from hf_dspark.cpu_kernels import skinny_linears  # noqa: E402
+from hf_dspark.cpu_kernels import loop_kernels  # noqa: E402
 from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
 from hf_dspark.evaluation.heldout import read_heldout  # noqa: E402
 from hf_dspark.loading import load_drafter, load_target  # noqa: E402
@@ -120,7 +120,7 @@ class Runner:
                 seconds = time.perf_counter() - start
             else:
                 kwargs = {k: v for k, v in self.arms[name].items() if k != "skinny"}
-                with skinny_linears(self.target) if self.arms[name].get("skinny") else nullcontext():
+                with loop_kernels(self.target) if self.arms[name].get("skinny") else nullcontext():
                     out = self.target.generate(ids, attention_mask=torch.ones_like(ids),
                                                max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
                                                **self.sampling, **kwargs)
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
         if "engine" in extra:
             continue  # the Runner builds the engines and measures their step cost before timing
         kwargs = {k: v for k, v in extra.items() if k != "skinny"}
-        with skinny_linears(target) if extra.get("skinny") else nullcontext():
+        with loop_kernels(target) if extra.get("skinny") else nullcontext():
             target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **kwargs)
     rows = []
     for temperature in args.temperatures:

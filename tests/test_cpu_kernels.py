@@ -1,6 +1,7 @@
-"""The skinny CPU linears hf-dspark's loop runs with (cpu_kernels.skinny_linear / skinny_linears): the same products
-as F.linear within fp32 rounding, F.linear itself wherever the kernel does not apply, patched only inside the
-block, and used by generate and the engine unless turned off."""
+"""The CPU kernels hf-dspark's loop runs with: skinny linears (cpu_kernels.skinny_linear / skinny_linears), the same
+products as F.linear within fp32 rounding, F.linear itself wherever the kernel does not apply, patched only inside
+the block; GQA-folded attention (folded_gqa_sdpa), transformers' SDPA attention within fp32 rounding without
+repeating keys and values; both used by generate and the engine unless turned off."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ from torch import nn
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.cpu_kernels import (
+    FOLDED_GQA_ATTENTION,
+    FOLDED_GQA_SUFFIX,
     SKINNY_KERNEL,
     SKINNY_MAX_ROWS,
     STOCK_KERNEL,
+    folded_gqa_attention,
+    folded_gqa_sdpa,
     linear_kernel,
+    loop_kernels,
     skinny_applies,
     skinny_linear,
     skinny_linears,
@@ -23,6 +29,7 @@ from hf_dspark.cpu_kernels import (
 from hf_dspark.scheduling.step_cost import profile_cache_key
 
 PROMPT = torch.tensor([[1, 17, 33, 5, 60, 41, 17, 33, 5]])
+LOOP_KERNEL = SKINNY_KERNEL + FOLDED_GQA_SUFFIX  # what hf-dspark's loop runs the tiny (SDPA, GQA) llama with
 
 
 @pytest.mark.parametrize("rows", range(1, SKINNY_MAX_ROWS + 3))
@@ -122,7 +129,7 @@ def test_generate_runs_its_loop_with_the_kernel_unless_turned_off(cpu_linears):
                           dspark_step_cost=flat_cost(), dspark_cpu_linears=cpu_linears)
     handle.remove()
     assert torch.equal(out, expected)
-    assert set(seen) == {SKINNY_KERNEL if cpu_linears else STOCK_KERNEL}
+    assert set(seen) == {LOOP_KERNEL if cpu_linears else STOCK_KERNEL}
     assert linear_kernel(target) == STOCK_KERNEL  # restored after the call
 
 
@@ -152,5 +159,62 @@ def test_engine_steps_run_with_the_kernel_unless_turned_off(cpu_linears):
     out = engine.generate([PROMPT[0].tolist()], max_new_tokens=10)[0]
     handle.remove()
     assert out.token_ids == expected
-    assert set(seen) == {SKINNY_KERNEL if cpu_linears else STOCK_KERNEL}
+    assert set(seen) == {LOOP_KERNEL if cpu_linears else STOCK_KERNEL}
     assert linear_kernel(target) == STOCK_KERNEL
+
+
+class _Grouped(nn.Module):
+    """What transformers' attention functions read off an attention module."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_folded_gqa_sdpa_is_transformers_sdpa_within_rounding(groups, length):
+    """Random queries over 2 key/value heads and a ragged mask (holes in the cache, causal among the new tokens):
+    the folded attention equals transformers' SDPA attention within fp32 rounding, and one query token (or no
+    grouping) goes to transformers' function itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(length * 10 + groups)
+    batch, kv_heads, dim, slots = 3, 2, 16, 20
+    query = torch.randn(batch, kv_heads * groups, length, dim)
+    key, value = torch.randn(batch, kv_heads, slots, dim), torch.randn(batch, kv_heads, slots, dim)
+    mask = (torch.rand(batch, 1, 1, slots) > 0.3).expand(batch, 1, length, slots).clone()  # holes
+    mask[..., -length:] = torch.ones(length, length, dtype=torch.bool).tril()  # causal among the new tokens
+    mask[..., 0] = True
+    module = _Grouped(groups)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=dim ** -0.5)
+    out, weights = folded_gqa_sdpa(module, query, key, value, mask, scaling=dim ** -0.5)
+    assert weights is None and out.shape == expected.shape == (batch, length, kv_heads * groups, dim)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    if length == 1 or groups == 1:
+        assert torch.equal(out, expected)
+
+
+def test_folded_attention_switches_sdpa_models_only_inside_the_block():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = make_tiny_llama()
+    assert model.config._attn_implementation == "sdpa"
+    ids = PROMPT[:, :6]
+    with torch.no_grad():
+        before = model(ids, attention_mask=torch.ones_like(ids)).logits
+        with folded_gqa_attention(model):
+            assert model.config._attn_implementation == FOLDED_GQA_ATTENTION
+            assert linear_kernel(model) == STOCK_KERNEL + FOLDED_GQA_SUFFIX
+            with folded_gqa_attention(model):  # re-entry is a no-op
+                pass
+            assert model.config._attn_implementation == FOLDED_GQA_ATTENTION
+            inside = model(ids, attention_mask=torch.ones_like(ids)).logits
+        with loop_kernels(model):
+            assert linear_kernel(model) == LOOP_KERNEL
+    assert model.config._attn_implementation == "sdpa" and linear_kernel(model) == STOCK_KERNEL
+    torch.testing.assert_close(inside, before, rtol=1e-5, atol=1e-5)
+    eager = LlamaForCausalLM(LlamaConfig(**{**model.config.to_dict(), "attn_implementation": "eager"})).eval()
+    with folded_gqa_attention(eager):
+        assert eager.config._attn_implementation == "eager"  # another implementation is left alone

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..cpu_kernels import prepack_linears, skinny_linears
+from ..cpu_kernels import loop_kernels, prepack_linears
 from ..training.prompts import read_prompts
 from .benchmarks import benchmark_path
 
@@ -29,7 +29,7 @@ BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 PLAIN = "plain fp32"
 PLAIN_PACKED = "plain fp32 prepacked"
 PLAIN_SKINNY = "plain fp32 skinny linears"
-#: a configuration's generate kwargs with this key set run plain ``generate`` inside ``skinny_linears``
+#: a configuration's generate kwargs with this key set run plain ``generate`` inside ``loop_kernels`` (the loop's)
 SKINNY = "_skinny_linears"
 
 
@@ -117,7 +117,7 @@ def build_configs(target, drafter, settings: GenerateBenchSettings, *, compare=N
 def _timed_generate(model, ids, **kwargs):
     skinny = kwargs.pop(SKINNY, False)
     start = time.perf_counter()
-    with skinny_linears(model) if skinny else nullcontext():
+    with loop_kernels(model) if skinny else nullcontext():
         out = model.generate(ids, **kwargs)
     return out, time.perf_counter() - start
 

@@ -259,7 +259,7 @@ class DSparkDraftModel(PreTrainedModel):
     def _linear(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The shared head's product with the kernel the target's linears run with right now (inside hf-dspark's
         loop on a CPU fp32 target: ``cpu_kernels.skinny_linear``; elsewhere ``F.linear``)."""
-        if linear_kernel(self.target) == SKINNY_KERNEL:
+        if linear_kernel(self.target).startswith(SKINNY_KERNEL):
             return skinny_linear(hidden, weight)
         return F.linear(hidden, weight)
 

@@ -317,7 +317,7 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     measured again."""
     from ..cpu_kernels import SKINNY_KERNEL, linear_kernel
 
-    skinny = linear_kernel(target) == SKINNY_KERNEL
+    skinny = linear_kernel(target).startswith(SKINNY_KERNEL)
 
     def grids(fine: bool) -> tuple[list[int], list[int]]:
         row_grid = sorted(set(int(r) for r in (rows or (default_row_grid if fine else coarse_row_grid)(max_rows))))
