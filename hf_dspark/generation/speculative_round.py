@@ -170,7 +170,8 @@ class SpeculativeRound:
         end = time.perf_counter()
         if self.observe_time and self.policy.needs_step_cost and not projected_backlog:
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
-            self.policy.observe_step(block is not None, predicted, end - start, sampled=any_sampled, wide=width > 1)
+            self.policy.observe_step(block is not None, predicted, end - start, sampled=any_sampled, wide=width > 1,
+                                     rows=rows)
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
                            draft_seconds=mid - start, verify_seconds=end - mid, sources=sources)
 

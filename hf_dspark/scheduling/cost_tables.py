@@ -16,7 +16,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_CACHE_VERSION = 2  # 2: step-cost cells timed in interleaved passes over the widths
+_CACHE_VERSION = 3  # 2: step-cost cells timed in interleaved passes over the widths; 3: skinny row counts
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,9 @@ class VerifyPolicy:
         """One round's outcome: ℓ_r verified drafts of which the first ``num_accepted_r`` were accepted."""
 
     def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
-                     wide: bool | None = None) -> None:
-        """A finished round's wall time next to the cost model's prediction (``wide``: it verified drafts)."""
+                     wide: bool | None = None, rows: int | None = None) -> None:
+        """A finished round's wall time next to the cost model's prediction (``wide``: it verified drafts;
+        ``rows``: how many rows it ran)."""
 
 
 _POLICIES: dict[str, Callable[..., VerifyPolicy]] = {}
@@ -279,11 +280,15 @@ class ScheduledPolicy(VerifyPolicy):
         self.online_calibration = online_calibration
         self.calibration_decay = calibration_decay
         self.calibration_prior = calibration_prior  # pseudo-drafts at factor 1 (no correction before evidence)
-        # running actual / predicted step seconds per kind of round, (wide, drafted, sampled): the profile times
-        # greedy forwards on a clean cache, and a sampled round draws its drafts and rejection-samples them
-        # (SmolLM2, torch.multinomial: a sampled drafter round 72.5 ms, greedy 51.7, plain 44; less since); in the
-        # engine a wide verify ran ~1.35× its prediction and a 1-token one ~1.12× (masks over holes, cache
-        # growth), a gap no single factor can correct since the choice is between those two widths
+        # Measured step times correct the profile in two factors. ρ[(R, sampled)]: actual / predicted seconds of
+        # plain 1-token steps of R rows — the profile's rows were timed at different moments of a shared machine
+        # and on another context (one table priced 16-row steps 5 % dear and 9-row ones 40 % cheap), so one
+        # factor over all row counts mixed their errors. κ[(wide, drafted, sampled)]: actual / (predicted · ρ) of
+        # every other kind of step, relative to a plain step of its own row count: the profile times greedy
+        # forwards on a clean cache, while a sampled round draws and rejection-samples its drafts and a wide
+        # verify attends over holes (in the engine ~1.2-1.35× its prediction when plain steps ran ~1.1×). Every
+        # choice compares kinds of step at one row count, where ρ cancels and κ decides.
+        self._plain_ratio: dict[tuple[int, bool], float] = {}
         self._time_ratio: dict[tuple[bool, bool, bool], float] = {}
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
@@ -465,26 +470,46 @@ class ScheduledPolicy(VerifyPolicy):
             self.mean_survival = self.survival_momentum * self.mean_survival + (1 - self.survival_momentum) * mean
 
     def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
-                     wide: bool | None = None) -> None:
+                     wide: bool | None = None, rows: int | None = None) -> None:
         """A finished decode step: its wall time against the profile's prediction (drafter pass + verify).
-        ``wide``: it verified drafts (width > 1); None reads a drafted step as wide and a plain one as not."""
-        if predicted_seconds > 0 and seconds > 0:
-            ratio = min(max(seconds / predicted_seconds, 0.25), 4.0)  # one hiccup must not swing the decision
-            wide = bool(drafted) if wide is None else bool(wide)
-            # a kind's first step moves the ratio it borrowed so far, like any later one (one slow first step
-            # must not set it outright: a kind priced out of the plan is rarely timed again)
-            previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled)
-            momentum = self.survival_momentum
-            self._time_ratio[wide, bool(drafted), bool(sampled)] = momentum * previous + (1 - momentum) * ratio
+        ``wide``: it verified drafts (width > 1), None reads a drafted step as wide and a plain one as not;
+        ``rows``: its row count (None: one correction for every row count)."""
+        if not (predicted_seconds > 0 and seconds > 0):
+            return
+        ratio = min(max(seconds / predicted_seconds, 0.25), 4.0)  # one hiccup must not swing the decision
+        wide = bool(drafted) if wide is None else bool(wide)
+        momentum = self.survival_momentum
+        key_rows = (int(rows) if rows else 0, bool(sampled))
+        if not wide and not drafted:  # a plain step: the row count's own correction
+            previous = self._plain_ratio.get(key_rows, self._nearest_plain_ratio(*key_rows))
+            self._plain_ratio[key_rows] = momentum * previous + (1 - momentum) * ratio
+            return
+        # a kind's first step moves the ratio it borrowed so far, like any later one (one slow first step must not
+        # set it outright: a kind priced out of the plan is rarely timed again)
+        relative = ratio / self._nearest_plain_ratio(*key_rows)
+        previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled)
+        self._time_ratio[wide, bool(drafted), bool(sampled)] = momentum * previous + (1 - momentum) * relative
+
+    def _nearest_plain_ratio(self, rows: int, sampled: bool) -> float:
+        """ρ of the nearest row count timed in plain steps (same sampling mode first), else 1."""
+        for mode in (sampled, not sampled):
+            timed = [r for r, s in self._plain_ratio if s == mode]
+            if timed:
+                return self._plain_ratio[min(timed, key=lambda r: (abs(r - rows), r)), mode]
+        return 1.0
 
     def step_time_ratio(self, *, wide: bool, drafted: bool, sampled: bool = False) -> float:
-        """Measured / predicted seconds of one kind of step. A kind not seen yet borrows the nearest kind that was
-        (same width class first: a wide lookup round before any was timed is priced like a drafted one), else 1."""
+        """Measured seconds of one kind of step / (the profile's prediction × ρ of its row count): 1 for a plain
+        step, the kind every other is compared with. A kind not seen yet borrows the nearest kind that was (same
+        width class first: a wide lookup round before any was timed is priced like a drafted one), else 1."""
+        if not wide and not drafted:
+            return 1.0
         for s in (sampled, not sampled):
-            for w, d in ((wide, drafted), (wide, not drafted), (not wide, drafted), (not wide, not drafted)):
-                ratio = self._time_ratio.get((bool(w), bool(d), bool(s)))
-                if ratio is not None:
-                    return ratio
+            for w, d in ((wide, drafted), (wide, not drafted), (not wide, drafted)):
+                if w or d:
+                    ratio = self._time_ratio.get((bool(w), bool(d), bool(s)))
+                    if ratio is not None:
+                        return ratio
         return 1.0
 
     def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False) -> np.ndarray:
@@ -494,9 +519,16 @@ class ScheduledPolicy(VerifyPolicy):
         return factors
 
     @property
+    def plain_step_ratios(self) -> dict[str, float]:
+        """ρ: measured / predicted seconds of plain steps, by row count (and sampling mode)."""
+        return {f"{rows} rows" + (", sampled" if sampled else ""): ratio
+                for (rows, sampled), ratio in sorted(self._plain_ratio.items())}
+
+    @property
     def step_time_ratios(self) -> dict[str, float]:
-        """The corrections in use, by kind of step ("plain": nothing drafted or verified, "lookup": lookup drafts
-        verified without a drafter pass, "drafted": a drafter pass and its drafts verified)."""
+        """The corrections in use, by kind of step, each relative to a plain step of the same row count ("plain":
+        nothing drafted or verified, 1 by definition; "lookup": lookup drafts verified without a drafter pass;
+        "drafted": a drafter pass and its drafts verified)."""
         out = {}
         for sampled in (False, True):
             tail = ", sampled" if sampled else ""

@@ -138,10 +138,10 @@ def test_padding_mask_only_where_the_batch_has_holes(lengths):
 
 
 def test_rounds_report_their_width_class_with_their_time():
-    """The policy corrects wide and 1-token steps apart, so each timed round must say which it was: a round is
-    reported as wide exactly when it verified drafts (width > 1), drafted or lookup. A drafting round that first
-    projects the context of rounds the drafter skipped is not reported: that projection is paid whether or not the
-    drafter runs (a flush bounds the backlog), so it is no price of drafting."""
+    """The policy corrects wide and 1-token steps apart, so each timed round must say which it was (and how many
+    rows it ran): a round is reported as wide exactly when it verified drafts (width > 1), drafted or lookup. A
+    drafting round that first projects the context of rounds the drafter skipped is not reported: that projection
+    is paid whether or not the drafter runs (a flush bounds the backlog), so it is no price of drafting."""
     from hf_dspark.scheduling.policies import ScheduledPolicy
 
     class EveryThirdRoundDrafts(ScheduledPolicy):  # the drafter skips two rounds, then drafts (with a backlog)
@@ -168,9 +168,10 @@ def test_rounds_report_their_width_class_with_their_time():
         widths.append((result.width, result.block is not None, backlog))
         return result
 
-    def observe_step(self, drafted, predicted_seconds, seconds, *, sampled=False, wide=None):
+    def observe_step(self, drafted, predicted_seconds, seconds, *, sampled=False, wide=None, rows=None):
+        assert rows == 1  # and its row count (corrections are kept per row count)
         reports.append((wide, drafted))
-        return real_observe(self, drafted, predicted_seconds, seconds, sampled=sampled, wide=wide)
+        return real_observe(self, drafted, predicted_seconds, seconds, sampled=sampled, wide=wide, rows=rows)
 
     round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = run, observe_step
     try:

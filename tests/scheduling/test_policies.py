@@ -494,3 +494,27 @@ def test_rows_that_can_verify_no_draft_do_not_draft():
     assert not policy.wants_drafts(4, cost, caps=one_row)
     assert not policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=one_row)[1]
     assert policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=np.full(4, 5))[1]
+
+
+def test_plain_steps_correct_their_own_row_count_and_other_kinds_compare_with_them():
+    """The profile prices 9-row plain steps 40 % cheap and 16-row ones 5 % dear (rows timed at different moments);
+    a drafted 16-row step runs 1.25× a plain one's correction. The 9-row plain steps (the drain) must not make
+    plain steps look dear at 16 rows — one factor for all plain steps did, and the policy drafted where drafting
+    lost — and the drafted kind is corrected against the plain steps of its own row count."""
+    policy = make_policy("scheduled", probe_interval=100)
+    for _ in range(40):
+        policy.observe_step(False, predicted_seconds=0.075, seconds=0.105, rows=9)
+        policy.observe_step(False, predicted_seconds=0.152, seconds=0.145, rows=16)
+        policy.observe_step(True, predicted_seconds=0.308, seconds=0.308 * 0.954 * 1.25, wide=True, rows=16)
+    rho = policy.plain_step_ratios
+    assert rho["9 rows"] == pytest.approx(1.4, rel=0.02) and rho["16 rows"] == pytest.approx(0.954, rel=0.02)
+    ratios = policy.step_time_ratios
+    assert ratios["plain"] == 1.0 and ratios["drafted"] == pytest.approx(1.25, rel=0.02)
+    # a kind first seen at a row count whose plain steps were never timed compares with the nearest row count's
+    fresh = make_policy("scheduled")
+    for _ in range(40):
+        fresh.observe_step(False, predicted_seconds=0.1, seconds=0.2, rows=4)
+        fresh.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=16)
+    for _ in range(40):
+        fresh.observe_step(False, predicted_seconds=0.1, seconds=0.3, wide=True, rows=5)
+    assert fresh.step_time_ratios["lookup"] == pytest.approx(1.5, rel=0.02)  # 0.3 / (0.1 · ρ(4) = 2)

@@ -30,6 +30,9 @@ def _count_forwards(model) -> list[int]:
 def test_coarse_grids():
     assert coarse_row_grid(64) == [1, 2, 4, 16, 64] and coarse_row_grid(4) == [1, 2, 4]
     assert coarse_row_grid(10) == [1, 2, 4, 10] and coarse_row_grid(1) == [1] and coarse_row_grid(200)[-2:] == [64, 200]
+    # the skinny kernel's jumps in rows: 9-16 rows cost what 16 do, more than 16 go through stock F.linear
+    assert coarse_row_grid(64, skinny=True) == [1, 2, 4, 8, 9, 16, 17, 64]
+    assert coarse_row_grid(16, skinny=True) == [1, 2, 4, 8, 9, 16] and coarse_row_grid(4, skinny=True) == [1, 2, 4]
     assert coarse_width_grid(8) == [1, 2, 3, 4, 8] and coarse_width_grid(4) == [1, 2, 3, 4]
     assert coarse_width_grid(16) == [1, 2, 3, 4, 8, 16] and coarse_width_grid(1) == [1]
     # with the skinny kernel: per row count, the first width padded to 16 rows (past 8) and the first width on the
