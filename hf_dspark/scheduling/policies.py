@@ -233,7 +233,10 @@ class ScheduledPolicy(VerifyPolicy):
     where drafting would pay if the drafter's conditional acceptance were up to ``probe_headroom`` × its recent
     mean: a probe costs a drafter pass, and at a load where even a much better drafter could not pay (a busy CPU
     engine) it can only lose. Rows that may commit just one more token (a budget of 1) can verify no draft, so
-    neither they nor a round of only such rows draft.
+    neither they nor a round of only such rows draft. Every kind of step but a plain one is priced
+    ``speculation_margin`` (1.05) × its estimated time: the estimates are noisy, and choosing whichever looks best
+    favours the ones that happen to look too good (under load, where speculating is worth a few percent at best,
+    steps that were expected to gain 3 % lost 4 %); a fixed factor per kind of step keeps the walk lossless.
     ``objective="tokens"`` keeps the paper's own Θ = τ · SPS(Σ_r (1 + ℓ_r)) even with a step-cost profile (the
     cost of a packed, unpadded verify: what a varlen attention back-end pays); the default "padded" prices the
     R × W forward the engine and ``generate`` actually run.
@@ -252,7 +255,8 @@ class ScheduledPolicy(VerifyPolicy):
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
                  calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded",
-                 probe_backoff: float = 1.0, max_probe_interval: int = 1024, probe_headroom: float = 1.5):
+                 probe_backoff: float = 1.0, max_probe_interval: int = 1024, probe_headroom: float = 1.5,
+                 speculation_margin: float = 1.05):
         if objective not in ("padded", "tokens"):
             raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
                              f"(the paper's Θ = τ · SPS(Σ(1 + ℓ_r))), got {objective!r}")
@@ -268,6 +272,10 @@ class ScheduledPolicy(VerifyPolicy):
             raise ValueError(f"scheduled: probe_headroom must be >= 1 (1: probe only where the drafter's recent "
                              f"acceptance already pays), got {probe_headroom}")
         self.probe_headroom = float(probe_headroom)
+        if not speculation_margin >= 1.0:
+            raise ValueError(f"scheduled: speculation_margin must be >= 1 (1: speculate at any expected gain), got "
+                             f"{speculation_margin}")
+        self.speculation_margin = float(speculation_margin)
         if probe_interval < 1 or not 0.0 <= survival_momentum < 1.0:
             raise ValueError(f"scheduled: probe_interval must be >= 1 and survival_momentum in [0, 1), got "
                              f"{probe_interval}, {survival_momentum}")
@@ -289,7 +297,9 @@ class ScheduledPolicy(VerifyPolicy):
         # verify attends over holes (in the engine ~1.2-1.35× its prediction when plain steps ran ~1.1×). Every
         # choice compares kinds of step at one row count, where ρ cancels and κ decides.
         self._plain_ratio: dict[tuple[int, bool], float] = {}
-        self._time_ratio: dict[tuple[bool, bool, bool], float] = {}
+        self._plain_count: dict[tuple[int, bool], int] = {}
+        self._time_ratio: dict[tuple[bool, bool, bool, int], float] = {}  # (wide, drafted, sampled, rows) -> κ
+        self._time_count: dict[tuple[bool, bool, bool, int], int] = {}
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
@@ -328,7 +338,7 @@ class ScheduledPolicy(VerifyPolicy):
     def _choose_width(self, survival: np.ndarray, lengths: np.ndarray, cost: "StepCostProfile",
                       drafted: bool = True, all_greedy: bool = False) -> np.ndarray:
         gamma = min(survival.shape[1], cost.max_width - 1)
-        factors = self.step_time_factors(gamma, drafted=drafted, sampled=not all_greedy)
+        factors = self.step_time_factors(gamma, drafted=drafted, sampled=not all_greedy, rows=lengths.size)
         theta = padded_width_path(survival[:, :gamma], cost, drafted=drafted, step_factors=factors)
         width = int(np.argmax(theta)) if all_greedy else num_leading_improvements(theta)
         self.last_theta = float(theta[width])
@@ -356,6 +366,8 @@ class ScheduledPolicy(VerifyPolicy):
         drafter_rows = np.ones(num_rows, dtype=bool) if caps is None else np.asarray(caps) > 0
         if wants is not None:
             drafter_rows &= np.asarray(wants, dtype=bool)
+        if self._wants_plain_step():
+            return np.zeros(num_rows, dtype=bool), False
         if not drafter_available or not drafter_rows.any():
             return expected_lookup > 0, False
         if self.mean_survival is None:  # the drafter's acceptance is unknown: draft, and learn it
@@ -373,13 +385,13 @@ class ScheduledPolicy(VerifyPolicy):
         without[:, : lookup_survival.shape[1]] = lookup_survival
         gamma = min(width, cost.max_width - 1)
         best_without = padded_width_path(without[:, :gamma], cost, drafted=False, step_factors=self.step_time_factors(
-            gamma, drafted=False, sampled=sampled)).max(initial=0.0)
+            gamma, drafted=False, sampled=sampled, rows=num_rows)).max(initial=0.0)
 
         def best_with(survival: np.ndarray) -> float:
             with_drafter = without.copy()
             with_drafter[~use_lookup] = 0.0
             with_drafter[~use_lookup, : survival.shape[1]] = survival[~use_lookup]
-            factors = self.step_time_factors(gamma, drafted=True, sampled=sampled)
+            factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_rows)
             return padded_width_path(with_drafter[:, :gamma], cost, drafted=True, step_factors=factors).max(initial=0.0)
 
         pays = bool(best_with(drafter_survival) > best_without)
@@ -481,14 +493,37 @@ class ScheduledPolicy(VerifyPolicy):
         momentum = self.survival_momentum
         key_rows = (int(rows) if rows else 0, bool(sampled))
         if not wide and not drafted:  # a plain step: the row count's own correction
-            previous = self._plain_ratio.get(key_rows, self._nearest_plain_ratio(*key_rows))
-            self._plain_ratio[key_rows] = momentum * previous + (1 - momentum) * ratio
+            # the mean of the first 1/(1 - momentum) steps, a decayed mean after: plain steps are frequent, and a
+            # slowly settling ρ would bias every κ learned against it meanwhile
+            count = self._plain_count.get(key_rows, 0) + 1
+            self._plain_count[key_rows] = count
+            weight = max(1.0 / count, 1.0 - momentum)
+            previous = self._plain_ratio.get(key_rows, ratio)
+            self._plain_ratio[key_rows] = (1.0 - weight) * previous + weight * ratio
             return
-        # a kind's first step moves the ratio it borrowed so far, like any later one (one slow first step must not
-        # set it outright: a kind priced out of the plan is rarely timed again)
+        kind = (wide, bool(drafted), bool(sampled))
+        if not self._plain_count:
+            # no plain step timed yet: what this step says about the machine goes to ρ (its kind taken at its current
+            # κ), which a real plain step then replaces — and the next step is a plain one (:meth:`_wants_plain_step`);
+            # learning κ against an unknown ρ would price the kind by the machine's speed at the moment, relative to
+            # a plain step priced as profiled
+            self._plain_ratio[key_rows] = ratio / self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled,
+                                                                       rows=key_rows[0])
+            return
+        # the mean of the ratio the kind borrowed so far (counted as one step) and its steps, a decayed mean once
+        # there are 1/(1 - momentum) of them: one slow first step must not set it outright (a kind priced out of
+        # the plan is rarely timed again), and a kind that settles slowly keeps losing while it does
+        key = kind + (key_rows[0],)
+        count = self._time_count.get(key, 0) + 1
+        self._time_count[key] = count
+        weight = max(1.0 / (count + 1), 1.0 - momentum)
         relative = ratio / self._nearest_plain_ratio(*key_rows)
-        previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled)
-        self._time_ratio[wide, bool(drafted), bool(sampled)] = momentum * previous + (1 - momentum) * relative
+        previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled, rows=key_rows[0])
+        self._time_ratio[key] = (1.0 - weight) * previous + weight * relative
+
+    def _wants_plain_step(self) -> bool:
+        """Steps are being timed but no plain one was yet: take one, the reference every kind is corrected by."""
+        return bool(self._plain_ratio) and not self._plain_count
 
     def _nearest_plain_ratio(self, rows: int, sampled: bool) -> float:
         """ρ of the nearest row count timed in plain steps (same sampling mode first), else 1."""
@@ -498,24 +533,31 @@ class ScheduledPolicy(VerifyPolicy):
                 return self._plain_ratio[min(timed, key=lambda r: (abs(r - rows), r)), mode]
         return 1.0
 
-    def step_time_ratio(self, *, wide: bool, drafted: bool, sampled: bool = False) -> float:
-        """Measured seconds of one kind of step / (the profile's prediction × ρ of its row count): 1 for a plain
-        step, the kind every other is compared with. A kind not seen yet borrows the nearest kind that was (same
+    def step_time_ratio(self, *, wide: bool, drafted: bool, sampled: bool = False, rows: int | None = None) -> float:
+        """Measured seconds of one kind of step of ``rows`` rows / (the profile's prediction × ρ of its row count):
+        1 for a plain step, the kind every other is compared with. Kept per row count (how much dearer a wide step
+        is than a plain one grows with the rows: attention over more padded slots, more logits to verify); a row
+        count not seen yet borrows the kind's nearest one, a kind not seen yet the nearest kind that was (same
         width class first: a wide lookup round before any was timed is priced like a drafted one), else 1."""
         if not wide and not drafted:
             return 1.0
+        rows = int(rows) if rows else 0
         for s in (sampled, not sampled):
             for w, d in ((wide, drafted), (wide, not drafted), (not wide, drafted)):
                 if w or d:
-                    ratio = self._time_ratio.get((bool(w), bool(d), bool(s)))
-                    if ratio is not None:
-                        return ratio
+                    timed = [r for (tw, td, ts, r) in self._time_ratio if (tw, td, ts) == (w, d, s)]
+                    if timed:
+                        nearest = min(timed, key=lambda r: (abs(r - rows), r))
+                        return self._time_ratio[bool(w), bool(d), bool(s), nearest]
         return 1.0
 
-    def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False) -> np.ndarray:
-        """[γ + 1] corrections of the profile's step time per verify width w = 0..γ (w = 0: nothing verified)."""
-        factors = np.full(gamma + 1, self.step_time_ratio(wide=True, drafted=drafted, sampled=sampled))
-        factors[0] = self.step_time_ratio(wide=False, drafted=drafted, sampled=sampled)
+    def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False,
+                          rows: int | None = None) -> np.ndarray:
+        """[γ + 1] corrections of the profile's step time per verify width w = 0..γ (w = 0: nothing verified), for
+        a step of ``rows`` rows."""
+        factors = np.full(gamma + 1, self.step_time_ratio(wide=True, drafted=drafted, sampled=sampled, rows=rows))
+        factors[0] = self.step_time_ratio(wide=False, drafted=drafted, sampled=sampled, rows=rows)
+        factors[0 if drafted else 1:] *= self.speculation_margin  # every kind of step but a plain one
         return factors
 
     @property
@@ -529,13 +571,16 @@ class ScheduledPolicy(VerifyPolicy):
         """The corrections in use, by kind of step, each relative to a plain step of the same row count ("plain":
         nothing drafted or verified, 1 by definition; "lookup": lookup drafts verified without a drafter pass;
         "drafted": a drafter pass and its drafts verified)."""
+        return self.step_time_ratios_at(None)
+
+    def step_time_ratios_at(self, rows: int | None) -> dict[str, float]:
+        """:attr:`step_time_ratios` for steps of ``rows`` rows (None: the fewest rows timed)."""
         out = {}
         for sampled in (False, True):
             tail = ", sampled" if sampled else ""
-            out["plain" + tail] = self.step_time_ratio(wide=False, drafted=False, sampled=sampled)
-            out["lookup" + tail] = self.step_time_ratio(wide=True, drafted=False, sampled=sampled)
-            out["drafted" + tail] = self.step_time_ratio(wide=True, drafted=True, sampled=sampled)
-            out["drafted, nothing verified" + tail] = self.step_time_ratio(wide=False, drafted=True, sampled=sampled)
+            for name, wide, drafted in (("plain", False, False), ("lookup", True, False), ("drafted", True, True),
+                                        ("drafted, nothing verified", False, True)):
+                out[name + tail] = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled, rows=rows)
         return out
 
     def wants_drafts(self, num_requests: int, cost: "StepCostProfile", *, sampled: bool = False,
@@ -544,14 +589,13 @@ class ScheduledPolicy(VerifyPolicy):
 
         Always True before the first drafted step (nothing known yet), unless no row may verify a draft (``caps``
         all 0); after a run of skipped steps a probe, where one could find drafting paying."""
-        if caps is not None and not np.any(np.asarray(caps) > 0):
+        if (caps is not None and not np.any(np.asarray(caps) > 0)) or self._wants_plain_step():
             return False
         if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
             return True
         gamma = min(self.mean_survival.size, cost.max_width - 1)
-        factors = self.step_time_factors(gamma, drafted=True, sampled=sampled)
-        plain = num_requests / (cost.verify(num_requests, 1)
-                                * self.step_time_ratio(wide=False, drafted=False, sampled=sampled))
+        factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_requests)
+        plain = num_requests / cost.verify(num_requests, 1)  # the kind every correction is relative to
 
         def best(survival: np.ndarray) -> float:
             rows = self._row_survival(survival, num_requests, caps)[:, :gamma]

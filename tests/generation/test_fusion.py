@@ -12,7 +12,7 @@ import hf_dspark.generation.speculative_round as round_module
 from hf_dspark import DSparkDraftModel, DSparkEngine
 from hf_dspark.generation.lookup import LookupProposal, LookupProposer
 from hf_dspark.generation.memory import forget, memory_for
-from hf_dspark.scheduling import StepCostProfile
+from hf_dspark.scheduling import StepCostProfile, make_policy
 
 VOCAB = 16
 
@@ -174,7 +174,11 @@ def pvalues(a: torch.Tensor, b: torch.Tensor) -> list[float]:
 def test_sampling_with_lookup_preserves_the_target_distribution(target, draft):
     forget(target)
     reference = sample(target, seed=0)
-    ours = sample(target, seed=1, assistant_model=draft, dspark_lookup="only", dspark_step_cost=flat_cost())
+    # verifying is free on the flat cost and the policy takes any expected gain (no margin): lookup drafts are
+    # verified in every call, though few of this random target's are accepted
+    eager = make_policy("scheduled", speculation_margin=1.0)
+    ours = sample(target, seed=1, assistant_model=draft, dspark_lookup="only", dspark_step_cost=flat_cost(),
+                  dspark_policy=eager)
     lookup = draft.stats.by_source["lookup"]
     assert 0 < lookup.accepted_tokens < lookup.proposed_tokens  # accepted and rejected lookup drafts both occur
     assert min(pvalues(reference, ours)) > 1e-3

@@ -431,7 +431,8 @@ def test_wide_and_one_token_steps_have_their_own_step_time_corrections():
     assert ratios["drafted"] == pytest.approx(2.0, rel=0.05)  # a kind not timed yet borrows its width class's
     assert policy.choose(conf, torch.full((4,), 4), cost, **lookup_rows).tolist() == [0, 0, 0, 0]
     factors = policy.step_time_factors(3, drafted=False)
-    assert factors[0] == pytest.approx(1.0, rel=0.05) and factors[1:] == pytest.approx([2.0] * 3, rel=0.05)
+    margin = policy.speculation_margin
+    assert factors[0] == pytest.approx(1.0, rel=0.05) and factors[1:] == pytest.approx([2.0 * margin] * 3, rel=0.05)
 
 
 def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():
@@ -518,3 +519,49 @@ def test_plain_steps_correct_their_own_row_count_and_other_kinds_compare_with_th
     for _ in range(40):
         fresh.observe_step(False, predicted_seconds=0.1, seconds=0.3, wide=True, rows=5)
     assert fresh.step_time_ratios["lookup"] == pytest.approx(1.5, rel=0.02)  # 0.3 / (0.1 · ρ(4) = 2)
+
+
+def test_wide_step_corrections_are_kept_per_row_count_and_wait_for_a_plain_step():
+    """A wide step is 1.1× a plain one at 4 rows and 1.3× at 16 (more padded attention, more logits): each row
+    count keeps its own κ. Before any plain step was timed, a drafted step's time says how fast the machine is, not
+    how dear drafting is: it sets ρ (which the first plain step then replaces), leaves κ alone, and asks for a
+    plain step next."""
+    policy = make_policy("scheduled")
+    for _ in range(3):
+        policy.observe_step(True, predicted_seconds=0.2, seconds=0.16, wide=True, rows=16)  # the machine is fast
+    assert policy.step_time_ratios_at(16)["drafted"] == 1.0
+    assert policy.plain_step_ratios == {"16 rows": pytest.approx(0.8)}
+    # so the next step is a plain one, lookup proposals and the drafter both set aside
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    assert not policy.wants_drafts(4, cheap)
+    use_lookup, run_drafter = policy.plan_sources(np.full((4, 2), 0.9), cheap, drafter_available=True)
+    assert not run_drafter and not use_lookup.any()
+    policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=16)
+    assert policy.plain_step_ratios == {"16 rows": 1.0}  # a real plain step replaces the machine-speed guess
+    assert policy.wants_drafts(4, cheap)
+    for _ in range(60):
+        for rows, relative in ((4, 1.1), (16, 1.3)):
+            policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=rows)
+            policy.observe_step(False, predicted_seconds=0.2, seconds=0.2 * relative, wide=True, rows=rows)
+    assert policy.step_time_ratios_at(4)["lookup"] == pytest.approx(1.1, rel=0.01)
+    assert policy.step_time_ratios_at(16)["lookup"] == pytest.approx(1.3, rel=0.01)
+    assert policy.step_time_ratios_at(12)["lookup"] == pytest.approx(1.3, rel=0.01)  # the nearest row count's
+    margin = policy.speculation_margin  # every kind but a plain step is priced with it
+    assert policy.step_time_factors(3, drafted=False, rows=16).tolist() == pytest.approx(
+        [1.0] + [1.3 * margin] * 3, rel=0.01)
+
+
+def test_speculation_needs_its_margin_over_a_plain_step():
+    """Verifying drafts of 0.8 survival per position on 4 rows is expected to beat a plain step by ~3 % here; with
+    the default margin (each speculating kind priced 1.05× its estimate) the step stays plain, with none it
+    speculates. The margin is a fixed factor per kind of step, so the walk stays lossless."""
+    cost = step_cost(verify_per_token=0.07, fixed=0.1, draft=0.0)
+    conf = torch.full((4, 1), 0.8, dtype=torch.float64)
+    theta = padded_width_path(prefix_survival(conf.numpy()), cost, drafted=False)
+    assert 1.0 < theta[1] / theta[0] < 1.05
+    lookup_rows = dict(drafter_rows=np.zeros(4, dtype=bool), drafted=False, all_greedy=True)
+    assert make_policy("scheduled").choose(conf, torch.full((4,), 1), cost, **lookup_rows).tolist() == [0] * 4
+    eager = make_policy("scheduled", speculation_margin=1.0)
+    assert eager.choose(conf, torch.full((4,), 1), cost, **lookup_rows).tolist() == [1] * 4
+    with pytest.raises(ValueError, match="speculation_margin"):
+        make_policy("scheduled", speculation_margin=0.9)
