@@ -218,6 +218,24 @@ class DraftCache:
         out._dense = True  # every slot holds an entry and the rows (one) are aligned
         return out
 
+    def replace_row(self, row: int, source: "DraftCache", source_row: int) -> bool:
+        """Put ``source``'s row ``source_row`` in place of row ``row`` (a request joining the batch in the slot a
+        finished one left: no copy of the other rows). False, nothing changed, where it cannot: an empty cache on
+        either side, or an autoregressive drafter's tail state."""
+        if self._valid is None or source._valid is None or self.tail is not None or source.tail is not None:
+            return False
+        end = source._ends[source_row]
+        self._reserve(end + 1)
+        for store, new in zip(self._keys + self._values, source._keys + source._values):
+            store[row, :, :end] = new[source_row, :, :end]
+        self._valid[row] = False
+        self._valid[row, :end] = source._valid[source_row, :end]
+        self._positions[row, :end] = source._positions[source_row, :end]
+        self._ends[row] = end
+        self._num_slots = max(self._ends)
+        self._dense = False  # as far as the host knows
+        return True
+
     def select_rows(self, rows: torch.Tensor | Sequence[int]) -> "DraftCache":
         """A cache holding only ``rows`` (finished rows leave the batch)."""
         host_rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)

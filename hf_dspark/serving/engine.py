@@ -307,7 +307,7 @@ class DSparkEngine(PrefillMixin):
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def has_work(self) -> bool:
-        return bool(self._incoming or self._waiting or self._prefilling or len(self._batch))
+        return bool(self._incoming or self._waiting or self._prefilling or self._batch.live_requests)
 
     def start(self) -> DSparkEngine:
         """Run the engine loop in a background thread (idempotent)."""
@@ -334,7 +334,7 @@ class DSparkEngine(PrefillMixin):
             self._thread = None
         with self._step_lock:
             self._take_incoming()
-            for request in [*self._waiting, *self._prefilling, *self._batch.requests]:
+            for request in [*self._waiting, *self._prefilling, *self._batch.live_requests]:
                 request.finish(FinishReason.ABORTED)
                 self._on_finished(request)
             self._waiting.clear()
@@ -377,7 +377,8 @@ class DSparkEngine(PrefillMixin):
                     joining = self._prefill(tap)
                     if joining and self.draft_width:
                         self._batch.flush_context(self.draft)
-                    self._batch.join(joining)
+                    # into vacant rows first; rows left vacant are dropped
+                    self.engine_metrics.joined_in_place += self._batch.join(joining)
                     if len(self._batch):
                         self._decode_isolating_faults(tap)
                 self._retire()
@@ -406,22 +407,24 @@ class DSparkEngine(PrefillMixin):
             self._incoming.clear()
 
     def _retire(self) -> None:
-        """End cancelled requests wherever they are; drop finished rows from the batch."""
+        """End cancelled requests wherever they are; vacate finished rows of the batch (a request joining next
+        takes the row in place, ``RunningBatch.join``; rows left vacant are dropped before the next decode)."""
         for queue in (self._waiting, self._prefilling):
             for request in [r for r in queue if r.cancel_requested]:
                 queue.remove(request)
                 request.finish(FinishReason.CANCELLED)
                 self._on_finished(request)
-        keep = []
+        leaving = []
         for row, request in enumerate(self._batch.requests):
+            if row in self._batch.vacant:
+                continue
             if request.cancel_requested and not request.is_finished:
                 request.finish(FinishReason.CANCELLED)
             if request.is_finished:
                 self._keep_prefix(row, request)
                 self._on_finished(request)
-            else:
-                keep.append(row)
-        self._batch.keep(keep)
+                leaving.append(row)
+        self._batch.vacate(leaving)
 
     # -- the prefix cache (per scope) ---------------------------------------------------------------------------
     def _prefix_key(self, request: Request):
@@ -467,7 +470,7 @@ class DSparkEngine(PrefillMixin):
 
     def _fail_running(self, err: BaseException) -> None:
         """A failed step ends the requests it touched (prefilling and running); waiting ones stay queued."""
-        for request in [*self._prefilling, *self._batch.requests]:
+        for request in [*self._prefilling, *self._batch.live_requests]:
             request.finish(FinishReason.ERROR, error=err)
             self._on_finished(request)
         self._prefilling.clear()
@@ -542,7 +545,7 @@ class DSparkEngine(PrefillMixin):
         out = self.engine_metrics.to_dict()
         out.update(policy=getattr(self.policy, "name", type(self.policy).__name__), draft_width=self.draft_width,
                    waiting=len(self._waiting) + len(self._incoming), prefilling=len(self._prefilling),
-                   running=len(self._batch), cache_slots=self._batch.num_slots,
+                   running=len(self._batch.live_requests), cache_slots=self._batch.num_slots,
                    reserved_slots=self._reserved_slots())
         return out
 

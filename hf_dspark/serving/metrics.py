@@ -51,6 +51,7 @@ class EngineMetrics:
     finished: dict = field(default_factory=dict)  # finish reason -> count
     rejected_requests: int = 0
     compactions: int = 0
+    joined_in_place: int = 0  # requests that joined the batch in a finished request's row (no copy of the batch)
     skipped_draft_steps: int = 0  # decode steps where the policy skipped the drafter (drafting could not pay)
     isolated_step_failures: int = 0  # decode steps that raised (the batch resumed, at most one request failed)
     request_latencies: list[dict] = field(default_factory=list)  # per finished request (bounded, see below)
@@ -113,6 +114,7 @@ class EngineMetrics:
             "finished_requests": dict(self.finished),
             "rejected_requests": self.rejected_requests,
             "compactions": self.compactions,
+            "joined_in_place": self.joined_in_place,
             "skipped_draft_steps": self.skipped_draft_steps,
             "step_kinds": {kind: dict(entry) for kind, entry in self.step_kinds.items()},
             "isolated_step_failures": self.isolated_step_failures,

@@ -44,12 +44,12 @@ class PrefillMixin:
 
     def _reserved_slots(self) -> int:
         """Slots the admitted requests may occupy in the padded batch: rows × widest reservation."""
-        admitted = self._prefilling + self._batch.requests
+        admitted = self._prefilling + self._batch.live_requests
         return len(admitted) * max((self._reservation(r.num_prompt_tokens, r.params) for r in admitted), default=0)
 
     def _admit(self) -> None:
         """FCFS: admit while the padded reservation (rows × widest reservation) fits ``max_batch_tokens``."""
-        admitted = self._prefilling + self._batch.requests
+        admitted = self._prefilling + self._batch.live_requests
         widest = max((self._reservation(r.num_prompt_tokens, r.params) for r in admitted), default=0)
         while self._waiting and len(admitted) < self.max_running_requests:
             request = self._waiting[0]

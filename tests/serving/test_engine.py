@@ -559,3 +559,81 @@ def test_stress_hundreds_of_requests_lose_or_duplicate_nothing(target, draft):
             assert streamed[out.request_id] == out.token_ids
     finished = engine.metrics()["finished_requests"]
     assert sum(finished.values()) == 300
+
+
+@pytest.mark.parametrize("policy,policy_kwargs", [("none", {}), ("fixed", {"num_tokens": 3}), ("scheduled", {})])
+def test_joining_requests_take_finished_rows_in_place(target, draft, prompts, continuations, monkeypatch, policy,
+                                                      policy_kwargs):
+    """A closed loop of 3 requests of different lengths: a request joining as another finishes takes its row in
+    place (written into the target and drafter caches, no copy of the batch) unless its prompt is wider than the
+    batch (then it is stacked); every output equals plain greedy, holes and all."""
+    monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, continuations))
+    engine = make_engine(target, draft if policy != "none" else None, policy, policy_kwargs, max_running_requests=3)
+    queue, inflight, outputs = list(enumerate(prompts)), [], {}
+    while queue or inflight:
+        while len(inflight) < 3 and queue:
+            index, prompt = queue.pop(0)
+            inflight.append((index, engine.submit(prompt, 3 + 4 * (index % 3))))
+        engine.step()
+        outputs.update((i, h.result().token_ids) for i, h in inflight if h.done())
+        inflight = [(i, h) for i, h in inflight if not h.done()]
+    for index, prompt in enumerate(prompts):
+        assert outputs[index] == continuations[tuple(prompt)][:3 + 4 * (index % 3)]
+    assert engine.metrics()["joined_in_place"] > 0
+    assert not engine._batch.live_requests and not engine.has_work() and engine.metrics()["running"] == 0
+    engine.step()  # the last finished row, vacant until now, is dropped by the next step
+    assert len(engine._batch) == 0 and not engine._batch.vacant
+
+
+def test_a_prompt_wider_than_the_batch_is_stacked_instead(target, draft, prompts, continuations):
+    """The vacant row of a finished 3-token request is too narrow for a 16-token prompt: that one is stacked onto
+    the batch (the vacant row dropped), and both outputs stay plain greedy."""
+    engine = make_engine(target, draft, "fixed", {"num_tokens": 2}, max_running_requests=2)
+    short, done = engine.submit(prompts[2][:3], 8), engine.submit(prompts[3][:3], 2)
+    while not done.done():
+        engine.step()
+    assert engine._batch.vacant
+    wide = prompts[0] + prompts[1]
+    late = engine.submit(wide, 6)
+    while engine.step():
+        pass
+    assert engine.metrics()["joined_in_place"] == 0
+    assert short.result().token_ids == plain_greedy(target, prompts[2][:3], 8)
+    assert late.result().token_ids == plain_greedy(target, wide, 6)
+
+
+@torch.no_grad()
+def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, prompts):
+    """The joining request's committed K/V, mask and drafter context in a vacant row equal those it gets when stacked
+    onto the batch (the other rows untouched)."""
+    def batch_after_join(in_place: bool):
+        engine = make_engine(target, draft, "fixed", {"num_tokens": 2}, max_running_requests=2)
+        first, second = engine.submit(prompts[0], 2), engine.submit(prompts[1] + prompts[2], 12)
+        while not first.done():  # both join; the first finishes and leaves its row
+            engine.step()
+        assert engine._batch.vacant == {0} and not second.done()
+        if not in_place:
+            engine._batch.drop_vacant()
+        engine.submit(prompts[3][:3], 5)
+        engine._take_incoming()
+        with engine._feature_tap() as tap:
+            engine._admit()
+            joining = engine._prefill(tap)
+            engine._batch.flush_context(draft)
+            assert engine._batch.join(joining) == int(in_place)
+        batch = engine._batch
+        row = [r.request_id for r in batch.requests].index(batch.requests[-1 if not in_place else 0].request_id)
+        kept = batch.mask[row].bool()
+        layers = [(layer.keys[row][:, kept], layer.values[row][:, kept]) for layer in batch.cache.layers]
+        context = batch.draft_cache.row(row)
+        other = batch.requests.index(next(r for r in batch.requests if r.request_id == second.request_id))
+        other_kv = batch.cache.layers[0].keys[other][:, batch.mask[other].bool()]
+        return layers, context, other_kv, batch.anchors[row], batch.anchor_positions[row]
+
+    stacked, in_place = batch_after_join(False), batch_after_join(True)
+    for (k1, v1), (k2, v2) in zip(stacked[0], in_place[0]):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    for a, b in zip(stacked[1].keys + stacked[1].values, in_place[1].keys + in_place[1].values):
+        assert torch.equal(a, b)
+    assert torch.equal(stacked[1].positions, in_place[1].positions)
+    assert torch.equal(stacked[2], in_place[2]) and stacked[3:] == in_place[3:]
