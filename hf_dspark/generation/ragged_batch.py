@@ -223,6 +223,19 @@ class RaggedBatch:
         self.anchor_positions = self.anchor_positions + num_accepted + 1
         self._crop_shared_trailing_holes()
 
+    def crop_shared_leading_holes(self) -> int:
+        """Drop the leading slot columns that are holes in every row (a view of the caches, no copy; one device
+        read): after rows leave or join, the columns only the longest rows reached may be empty in every row.
+        Returns how many were dropped."""
+        if self.cache is None or not self.num_slots:
+            return 0
+        leading = int((self.mask.cumsum(1) == 0).sum(1).min())
+        if leading:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, leading:], layer.values[:, :, leading:]
+            self.mask = self.mask[:, leading:]
+        return leading
+
     def _crop_shared_trailing_holes(self) -> None:
         trailing = min(self.host_trailing, default=0)
         if trailing:

@@ -81,6 +81,7 @@ class RunningBatch(RaggedBatch):
         in_place = joining - sum(len(group.requests) for group in groups)
         self.drop_vacant()
         if not groups:
+            self.crop_shared_leading_holes()  # the rows that left or were replaced may have been the widest
             return in_place
         self._complete_host_state()
         parts = [] if self.cache is None else [(self.cache, self.mask)]

@@ -58,3 +58,23 @@ def test_join_refuses_unflushed_context(tiny_target, tiny_drafter):
     batch.defer_context(*rounds[0])
     with pytest.raises(RuntimeError, match="flush_context"):
         batch.join([object()])
+
+
+def test_leading_columns_that_are_holes_in_every_row_are_cropped_as_views(tiny_target):
+    """After the widest row left, the first columns are holes in every row: they are dropped without a copy (the
+    K/V are views of the same storage) and every row keeps its committed slots."""
+    from transformers import DynamicCache
+
+    batch = RunningBatch(tiny_target.config, torch.device("cpu"))
+    layers = tiny_target.config.num_hidden_layers
+    keys = [torch.randn(2, 2, 6, 4) for _ in range(layers)]
+    values = [torch.randn(2, 2, 6, 4) for _ in range(layers)]
+    batch.cache = DynamicCache(ddp_cache_data=list(zip(keys, values)), config=tiny_target.config)
+    batch.mask = torch.tensor([[0, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]])
+    before = [layer.keys for layer in batch.cache.layers]
+    assert batch.crop_shared_leading_holes() == 2
+    assert batch.mask.tolist() == [[1, 0, 1, 1], [0, 1, 1, 1]]
+    for layer, k, v, stored in zip(batch.cache.layers, keys, values, before):
+        assert torch.equal(layer.keys, k[:, :, 2:]) and layer.keys.data_ptr() == stored[:, :, 2:].data_ptr()
+        assert torch.equal(layer.values, v[:, :, 2:])
+    assert batch.cache.get_seq_length() == 4 and batch.crop_shared_leading_holes() == 0
