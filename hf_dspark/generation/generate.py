@@ -139,9 +139,10 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it. Within a scope a batch-1 call also
     keeps its caches for the next call of that scope, which prefills only the part of its prompt that is new (an
     agent's growing conversation; ``generation/prefix_cache.py``); ``dspark_prefix_cache=False`` turns that off.
-    On a CPU fp32 target the loop's linears run as skinny ``W @ xᵀ`` products (``cpu_kernels.skinny_linears``:
-    one step and short verifies much cheaper than stock ``F.linear``'s, results within its last bits);
-    ``dspark_cpu_linears=False`` keeps the stock kernels.
+    On a CPU fp32 target the loop runs its CPU kernels (``cpu_kernels.loop_kernels``): linears as skinny
+    ``W @ xᵀ`` products (one step and short verifies much cheaper than stock ``F.linear``'s, results within its
+    last bits) and verify attention with the query heads of a key/value group folded into the query length (no
+    copies of the keys and values); ``dspark_cpu_linears=False`` keeps the stock kernels.
 
     Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round
     (0 = no drafting) and ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose

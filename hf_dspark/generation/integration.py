@@ -23,8 +23,9 @@ DSpark-specific ``generate`` keywords (all optional):
 * ``dspark_lookup`` (True / False / "only"), ``dspark_lookup_scope`` (a caller's key: calls of one scope share their
   lookup history and, at batch 1, their caches, so the next turn of a conversation prefills only its new tokens)
   and ``dspark_prefix_cache`` (False: keep no caches for the scope): see ``generate.dspark_decode``.
-* ``dspark_cpu_linears`` (default True): on a CPU fp32 target the loop's linears run as skinny ``W @ xᵀ``
-  products (``hf_dspark.cpu_kernels.skinny_linears``); False keeps stock ``F.linear``.
+* ``dspark_cpu_linears`` (default True): on a CPU fp32 target the loop runs its CPU kernels
+  (``hf_dspark.cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears, GQA-folded attention); False keeps stock
+  ``F.linear`` and transformers' SDPA attention.
 * ``generator`` (torch.Generator): seeds drafting and verification; ``dspark_recorder``: per-round records.
 """
 

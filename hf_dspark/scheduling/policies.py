@@ -229,10 +229,11 @@ class ScheduledPolicy(VerifyPolicy):
     read a_{·,i ≤ j}, i.e. x_{r,<j} only. Before drafting, :meth:`wants_drafts` asks whether any width would beat
     plain decoding at the current load, using the mean survival per position of earlier steps (drafts already
     resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
-    probing again after ``probe_interval`` skipped steps so the estimate follows the traffic — but only at a load
-    where drafting would pay if the drafter's conditional acceptance were up to ``probe_headroom`` × its recent
-    mean: a probe costs a drafter pass, and at a load where even a much better drafter could not pay (a busy CPU
-    engine) it can only lose. Rows that may commit just one more token (a budget of 1) can verify no draft, so
+    probing again after ``probe_interval`` skipped steps so the estimate follows the traffic — but, once the
+    estimate rests on ``min_probe_evidence`` drafting rounds, only at a load where drafting would pay if the
+    drafter's conditional acceptance were up to ``probe_headroom`` × the best it has shown: a probe costs a drafter
+    pass, and at a load where even a much better drafter could not pay (a busy CPU engine) it can only lose. The
+    first ``min_learning_rounds`` drafting rounds always draft (one round of one row is no estimate). Rows that may commit just one more token (a budget of 1) can verify no draft, so
     neither they nor a round of only such rows draft. Every kind of step but a plain one is priced
     ``speculation_margin`` (1.05) × its estimated time: the estimates are noisy, and choosing whichever looks best
     favours the ones that happen to look too good (under load, where speculating is worth a few percent at best,
@@ -251,6 +252,10 @@ class ScheduledPolicy(VerifyPolicy):
     """
 
     needs_step_cost = True
+    #: drafting rounds behind the drafter's estimate before it may stop the drafter (the first ones always draft)
+    min_learning_rounds: int = 4
+    #: drafting rounds behind the drafter's estimate before probes are gated by ``probe_headroom``
+    min_probe_evidence: int = 16
 
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
@@ -304,6 +309,8 @@ class ScheduledPolicy(VerifyPolicy):
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
+        self._survival_rounds = 0  # drafting rounds behind mean_survival
+        self._best_survival: np.ndarray | None = None  # the highest mean survival after the learning rounds
         self._skipped_in_a_row = 0
 
     supports_lookup = True
@@ -374,6 +381,8 @@ class ScheduledPolicy(VerifyPolicy):
             return np.zeros(num_rows, dtype=bool), True
         drafter_survival = self._row_survival(self.mean_survival, num_rows, caps)
         use_lookup = (expected_lookup > drafter_survival.sum(axis=1)) | ~drafter_rows
+        if self._survival_rounds < self.min_learning_rounds and not use_lookup.all():
+            return use_lookup, True  # the estimate rests on too few rounds yet: draft, and learn
         if use_lookup.all():
             return use_lookup, False
         if not _is_step_cost(cost):
@@ -410,17 +419,22 @@ class ScheduledPolicy(VerifyPolicy):
         return rows
 
     def _optimistic_survival(self) -> np.ndarray:
-        """The mean survival as it would be with every conditional acceptance ``probe_headroom`` × higher (≤ 1):
-        what a probe could plausibly find."""
-        survival = self.mean_survival
+        """The drafter's best mean survival so far (the text may turn back to what it drafts well) with every
+        conditional acceptance ``probe_headroom`` × higher (≤ 1): what a probe could plausibly find."""
+        survival = self.mean_survival if self._best_survival is None else np.maximum(self.mean_survival,
+                                                                                     self._best_survival)
         previous = np.concatenate([[1.0], survival[:-1]])
         conditional = np.divide(survival, previous, out=np.zeros_like(survival), where=previous > 0)
         return np.cumprod(np.minimum(1.0, conditional * self.probe_headroom))
 
     def _probe_due(self, plausible: Callable[[], bool] | None = None) -> bool:
         """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off) — if
-        ``plausible()`` says a probe could find drafting paying at this load; else the probe waits for one."""
-        if self._skipped_in_a_row < self._probe_every or (plausible is not None and not plausible()):
+        ``plausible()`` says a probe could find drafting paying at this load; else the probe waits for one. The
+        drafter's estimate is trusted that far only once ``min_probe_evidence`` drafting rounds made it (one
+        round's confidences on one row are no basis for never drafting again)."""
+        if self._skipped_in_a_row < self._probe_every:
+            return False
+        if plausible is not None and self._survival_rounds >= self.min_probe_evidence and not plausible():
             return False
         self._skipped_in_a_row = 0
         self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
@@ -475,11 +489,18 @@ class ScheduledPolicy(VerifyPolicy):
         self._realised = self.calibration_decay * self._realised + realised
 
     def _remember(self, survival: np.ndarray) -> None:
+        """The drafter's mean survival per position: a plain mean of its first 1/(1 − momentum) drafting rounds,
+        a decayed mean after (one round of one row is a noisy estimate to start from)."""
         mean = survival.mean(axis=0)
         if self.mean_survival is None or self.mean_survival.shape != mean.shape:
-            self.mean_survival = mean
-        else:
-            self.mean_survival = self.survival_momentum * self.mean_survival + (1 - self.survival_momentum) * mean
+            self.mean_survival, self._survival_rounds, self._best_survival = mean, 1, None
+            return
+        self._survival_rounds += 1
+        weight = max(1.0 / self._survival_rounds, 1.0 - self.survival_momentum)
+        self.mean_survival = (1.0 - weight) * self.mean_survival + weight * mean
+        if self._survival_rounds >= self.min_learning_rounds:  # the best the drafter has done (probes aim at it)
+            best = self._best_survival
+            self._best_survival = self.mean_survival.copy() if best is None else np.maximum(best, self.mean_survival)
 
     def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
                      wide: bool | None = None, rows: int | None = None) -> None:
@@ -587,11 +608,13 @@ class ScheduledPolicy(VerifyPolicy):
                      caps: np.ndarray | None = None) -> bool:
         """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
 
-        Always True before the first drafted step (nothing known yet), unless no row may verify a draft (``caps``
-        all 0); after a run of skipped steps a probe, where one could find drafting paying."""
+        Always True for the first ``min_learning_rounds`` drafting rounds (too little known yet), unless no row may
+        verify a draft (``caps`` all 0); after a run of skipped steps a probe, where one could find drafting
+        paying."""
         if (caps is not None and not np.any(np.asarray(caps) > 0)) or self._wants_plain_step():
             return False
-        if self.mean_survival is None or not _is_step_cost(cost) or num_requests < 1:
+        if (self.mean_survival is None or self._survival_rounds < self.min_learning_rounds
+                or not _is_step_cost(cost) or num_requests < 1):
             return True
         gamma = min(self.mean_survival.size, cost.max_width - 1)
         factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_requests)

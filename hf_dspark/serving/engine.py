@@ -108,8 +108,9 @@ class DSparkEngine(PrefillMixin):
             changed weights; not for autoregressive drafters.
         prefix_cache_bytes (`int`, defaults to 512 MiB): memory the kept caches may hold.
         cpu_linears (`bool`, defaults to True): on a CPU fp32 target, steps (and the step-cost profile) run the
-            linears as skinny ``W @ xᵀ`` products (``cpu_kernels.skinny_linears``: a few rows per forward cost far
-            less than with stock ``F.linear``, results within its last bits); False keeps the stock kernels.
+            loop's CPU kernels (``cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears — a few rows per forward
+            cost far less than with stock ``F.linear``, results within its last bits — and GQA-folded verify
+            attention); False keeps the stock kernels.
     """
 
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)

@@ -288,6 +288,14 @@ def test_registry():
 # ---------------------------------------------------------------------------------------------------------
 # The engine's padded step: walk over widths, drafter cost, skipping the drafter
 # ---------------------------------------------------------------------------------------------------------
+def learned(policy, confidences, max_lengths, cost):
+    """``policy`` after the drafting rounds it always drafts to learn its drafter's acceptance (the estimate it
+    then decides by), each with these confidences."""
+    for _ in range(policy.min_learning_rounds):
+        policy.choose(confidences, max_lengths, cost)
+    return policy
+
+
 def step_cost(verify_per_token: float, fixed: float, draft: float, rows=(1, 2, 4, 8), max_width: int = 6):
     """verify(R, W) = fixed + verify_per_token · R · W seconds, draft(R) = draft seconds."""
     widths = tuple(range(1, max_width + 1))
@@ -345,7 +353,7 @@ def test_wants_drafts_follows_load_and_probes():
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
     dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
     assert policy.wants_drafts(4, dear)  # nothing known yet: draft to learn the confidences
-    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+    learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
     assert policy.wants_drafts(4, cheap)
     decisions = [policy.wants_drafts(4, dear) for _ in range(8)]
     assert decisions == [False, False, False, True, False, False, False, True]  # a probe after 3 skipped steps
@@ -380,7 +388,7 @@ def test_measured_step_times_steer_the_drafting_decision():
     forwards do not show), so after a few observed steps the policy stops drafting."""
     cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.01)
     policy = make_policy("scheduled", probe_interval=100)
-    policy.choose(torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
+    learned(policy, torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
     assert policy.wants_drafts(4, cost)
     for _ in range(30):
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.36)
@@ -396,7 +404,7 @@ def test_sampled_and_greedy_rounds_have_their_own_step_time_corrections():
     drafting for sampled rounds only, and greedy calls on the same target keep drafting."""
     cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.01)
     policy = make_policy("scheduled", probe_interval=100)
-    policy.choose(torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
+    learned(policy, torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
     for _ in range(30):
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.36, sampled=True)
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.12)
@@ -441,7 +449,7 @@ def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():
     (14.7): the drafter stays off and the row keeps its lookup proposal."""
     cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.03)
     policy = make_policy("scheduled", probe_interval=100)
-    policy.choose(torch.tensor([[0.6, 0.0, 0.0]], dtype=torch.float64), torch.tensor([3]), cost)
+    learned(policy, torch.tensor([[0.6, 0.0, 0.0]], dtype=torch.float64), torch.tensor([3]), cost)
     use_lookup, run_drafter = policy.plan_sources(np.array([[0.5, 0.0, 0.0]]), cost, drafter_available=True)
     assert not run_drafter and use_lookup.tolist() == [True]
     # a cheap drafter pass does beat it: the row goes to the drafter
@@ -454,7 +462,7 @@ def test_probes_back_off_while_drafting_keeps_not_paying():
     policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
     dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)  # pays only with a better drafter
-    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+    learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
     decisions = [policy.wants_drafts(4, dear) for _ in range(20)]
     probes = [i for i, d in enumerate(decisions) if d]
     assert probes == [2, 7, 16]  # after 2, then 4, then 8 skipped rounds (the cap)
@@ -463,15 +471,20 @@ def test_probes_back_off_while_drafting_keeps_not_paying():
 
 
 def test_no_probes_where_even_a_much_better_drafter_could_not_pay():
-    """A 10 s drafter pass on a 0.1 s step: drafting could not pay even with perfect drafts, so the policy never
-    probes (a probe there only costs). When the load changes to one where a better drafter would pay (a 0.35 s
-    pass; see the test above), the overdue probe runs at once; with no headroom (1.0) it never does."""
+    """A 10 s drafter pass on a 0.1 s step: drafting could not pay even with perfect drafts, so once its estimate
+    rests on enough drafting rounds the policy never probes (a probe there only costs). When the load changes to
+    one where a better drafter would pay (a 0.35 s pass; see the test above), the overdue probe runs at once; with
+    no headroom (1.0) it never does."""
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
     hopeless = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
     marginal = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
     for headroom, probes_when_marginal in ((1.5, True), (1.0, False)):
         policy = make_policy("scheduled", probe_interval=3, probe_headroom=headroom)
-        policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+        learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+        # one drafting round is no basis for never drafting again: until min_probe_evidence rounds, probes run
+        assert sum(policy.wants_drafts(4, hopeless) for _ in range(8)) == 2
+        for _ in range(policy.min_probe_evidence):
+            policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
         assert not any(policy.wants_drafts(4, hopeless) for _ in range(50))
         lookup = np.zeros((4, 2))
         assert not any(policy.plan_sources(lookup, hopeless, drafter_available=True)[1] for _ in range(50))
@@ -489,7 +502,7 @@ def test_rows_that_can_verify_no_draft_do_not_draft():
     none_left = np.zeros(4, dtype=np.int64)
     assert not policy.wants_drafts(4, cost, caps=none_left)  # before anything is known, too
     assert not policy.plan_sources(np.zeros((4, 2)), cost, drafter_available=True, caps=none_left)[1]
-    policy.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cost)
+    learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cost)
     assert policy.wants_drafts(4, cost, caps=np.full(4, 5))
     one_row = np.array([0, 0, 0, 5])
     assert not policy.wants_drafts(4, cost, caps=one_row)
@@ -565,3 +578,18 @@ def test_speculation_needs_its_margin_over_a_plain_step():
     assert eager.choose(conf, torch.full((4,), 1), cost, **lookup_rows).tolist() == [1] * 4
     with pytest.raises(ValueError, match="speculation_margin"):
         make_policy("scheduled", speculation_margin=0.9)
+
+
+def test_probes_aim_at_the_best_the_drafter_has_shown():
+    """A drafter that accepted 0.8 per position, then (the text changed) 0.1: at a load where only a much better
+    drafter than 0.1 could pay, it is still probed (its earlier best would pay with the headroom), while a drafter
+    that never did better than 0.1 is not."""
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)  # pays with perfect drafts, not with 0.8
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    was_good, never_good = make_policy("scheduled", probe_interval=3), make_policy("scheduled", probe_interval=3)
+    for policy, first in ((was_good, 0.8), (never_good, 0.1)):
+        for conf in [first] * 20 + [0.1] * 60:
+            policy.choose(torch.full((4, 5), conf, dtype=torch.float64), torch.full((4,), 5), cheap)
+        assert policy.mean_survival[0] == pytest.approx(0.1, abs=0.01)
+    assert sum(was_good.wants_drafts(4, dear) for _ in range(8)) == 2
+    assert not any(never_good.wants_drafts(4, dear) for _ in range(8))
