@@ -593,3 +593,17 @@ def test_probes_aim_at_the_best_the_drafter_has_shown():
         assert policy.mean_survival[0] == pytest.approx(0.1, abs=0.01)
     assert sum(was_good.wants_drafts(4, dear) for _ in range(8)) == 2
     assert not any(never_good.wants_drafts(4, dear) for _ in range(8))
+
+
+def test_an_under_confident_head_is_corrected_within_a_few_dozen_drafts():
+    """The head says 0.2 at position 1, the drafts are accepted 3 times in 8 (37.5 %): after 32 verified drafts the
+    factor is past 1.5 (the prior is 16 drafts at the mean prediction; counted as 16 units of predicted mass it was
+    worth 80 such drafts and the factor was still 1.23)."""
+    policy = make_policy("scheduled")
+    conf = torch.full((4, 3), 0.2, dtype=torch.float64)
+    for accepted in ([1, 0, 0, 1], [0, 1, 0, 0]) * 4:
+        policy.observe(conf, torch.ones(4, dtype=torch.long), torch.tensor(accepted))
+    factor = policy.calibration_factors(3)
+    realised, predicted, prior = 12.0, 0.2 * 32, 16 * 0.2
+    assert factor[0] == pytest.approx((realised + prior) / (predicted + prior), rel=0.02) and factor[0] > 1.5
+    assert factor[1:].tolist() == [1.0, 1.0]  # never reached
