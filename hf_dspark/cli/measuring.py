@@ -330,7 +330,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
-              "repeats": args.repeats, "interleave": args.interleave, "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
+              "repeats": args.repeats, "interleave": args.interleave,
+              "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}
     (out_dir / "results.json").write_text(json.dumps(report, indent=1))
     title = (f"DSparkEngine on {args.target or 'SmolLM2-135M'} ({'trained' if drafter.trained else 'UNTRAINED'} "

@@ -233,8 +233,9 @@ class ScheduledPolicy(VerifyPolicy):
     estimate rests on ``min_probe_evidence`` drafting rounds, only at a load where drafting would pay if the
     drafter's conditional acceptance were up to ``probe_headroom`` × the best it has shown: a probe costs a drafter
     pass, and at a load where even a much better drafter could not pay (a busy CPU engine) it can only lose. The
-    first ``min_learning_rounds`` drafting rounds always draft (one round of one row is no estimate). Rows that may commit just one more token (a budget of 1) can verify no draft, so
-    neither they nor a round of only such rows draft. Every kind of step but a plain one is priced
+    first ``min_learning_rounds`` drafting rounds always draft (one round of one row is no estimate). Rows that
+    may commit just one more token (a budget of 1) can verify no draft, so neither they nor a round of only such
+    rows draft. Every kind of step but a plain one is priced
     ``speculation_margin`` (1.05) × its estimated time: the estimates are noisy, and choosing whichever looks best
     favours the ones that happen to look too good (under load, where speculating is worth a few percent at best,
     steps that were expected to gain 3 % lost 4 %); a fixed factor per kind of step keeps the walk lossless.
@@ -534,10 +535,10 @@ class ScheduledPolicy(VerifyPolicy):
             return
         kind = (wide, bool(drafted), bool(sampled))
         if not self._plain_count:
-            # no plain step timed yet: what this step says about the machine goes to ρ (its kind taken at its current
-            # κ), which a real plain step then replaces — and the next step is a plain one (:meth:`_wants_plain_step`);
-            # learning κ against an unknown ρ would price the kind by the machine's speed at the moment, relative to
-            # a plain step priced as profiled
+            # no plain step timed yet: what this step says about the machine goes to ρ (its kind taken at its
+            # current κ), which a real plain step then replaces — and the next step is a plain one
+            # (:meth:`_wants_plain_step`); learning κ against an unknown ρ would price the kind by the machine's
+            # speed at the moment, relative to a plain step priced as profiled
             self._plain_ratio[key_rows] = ratio / self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled,
                                                                        rows=key_rows[0])
             return
