@@ -99,6 +99,11 @@ class VerifyPolicy:
         ``rows``: how many rows it ran)."""
 
 
+def _zero_padded(values: np.ndarray, width: int) -> np.ndarray:
+    """``values`` [n] extended with zeros to ``width`` (unchanged when already that wide)."""
+    return values if values.size >= width else np.concatenate([values, np.zeros(width - values.size)])
+
+
 _POLICIES: dict[str, Callable[..., VerifyPolicy]] = {}
 
 
@@ -423,8 +428,9 @@ class ScheduledPolicy(VerifyPolicy):
     def _optimistic_survival(self) -> np.ndarray:
         """The drafter's best mean survival so far (the text may turn back to what it drafts well) with every
         conditional acceptance ``probe_headroom`` × higher (≤ 1): what a probe could plausibly find."""
-        survival = self.mean_survival if self._best_survival is None else np.maximum(self.mean_survival,
-                                                                                     self._best_survival)
+        survival = self.mean_survival
+        if self._best_survival is not None:
+            survival = np.maximum(survival, _zero_padded(self._best_survival, survival.size)[: survival.size])
         previous = np.concatenate([[1.0], survival[:-1]])
         conditional = np.divide(survival, previous, out=np.zeros_like(survival), where=previous > 0)
         return np.cumprod(np.minimum(1.0, conditional * self.probe_headroom))
@@ -503,15 +509,21 @@ class ScheduledPolicy(VerifyPolicy):
         """The drafter's mean survival per position: a plain mean of its first 1/(1 − momentum) drafting rounds,
         a decayed mean after (one round of one row is a noisy estimate to start from)."""
         mean = survival.mean(axis=0)
-        if self.mean_survival is None or self.mean_survival.shape != mean.shape:
+        if self.mean_survival is None:
             self.mean_survival, self._survival_rounds, self._best_survival = mean, 1, None
             return
+        # a round's width is that of its widest proposal (a long lookup proposal in the batch widens the drafter's
+        # rows with zeros): the drafter's survival is zero past its block, so widths align by zero padding (a
+        # width change once restarted the estimate, and with lookup in the batch it never left its learning rounds)
+        width = max(mean.size, self.mean_survival.size)
+        mean = _zero_padded(mean, width)
         self._survival_rounds += 1
         weight = max(1.0 / self._survival_rounds, 1.0 - self.survival_momentum)
-        self.mean_survival = (1.0 - weight) * self.mean_survival + weight * mean
+        self.mean_survival = (1.0 - weight) * _zero_padded(self.mean_survival, width) + weight * mean
         if self._survival_rounds >= self.min_learning_rounds:  # the best the drafter has done (probes aim at it)
             best = self._best_survival
-            self._best_survival = self.mean_survival.copy() if best is None else np.maximum(best, self.mean_survival)
+            self._best_survival = (self.mean_survival.copy() if best is None
+                                   else np.maximum(_zero_padded(best, width), self.mean_survival))
 
     def observe_step(self, drafted: bool, predicted_seconds: float, seconds: float, *, sampled: bool = False,
                      wide: bool | None = None, rows: int | None = None) -> None:

@@ -595,6 +595,22 @@ def test_probes_aim_at_the_best_the_drafter_has_shown():
     assert not any(never_good.wants_drafts(4, dear) for _ in range(8))
 
 
+def test_rounds_of_other_widths_keep_learning_the_drafter():
+    """With lookup in the batch a round is as wide as its longest proposal, wider than the drafter's block: the
+    drafter's rows carry zeros there. Such rounds must add to the drafter's estimate, not restart it (a restart
+    kept the policy in its always-drafting learning rounds for good: at C = 16 it drafted every step and lost 16 %)."""
+    policy = make_policy("scheduled")
+    cost = step_cost(verify_per_token=0.01, fixed=0.1, draft=0.01, max_width=12)
+    for width in (4, 10, 4, 7, 4, 10):  # drafter block 4, lookup proposals of up to 9 drafts widen some rounds
+        conf = np.zeros((2, width))
+        conf[:, :4] = 0.5
+        policy.choose(conf, np.array([4, 4]), cost, drafter_rows=np.ones(2, dtype=bool), drafted=True)
+    assert policy._survival_rounds == 6 >= policy.min_learning_rounds
+    assert policy.mean_survival.size == 10
+    assert policy.mean_survival[:4] == pytest.approx(0.5 ** np.arange(1, 5))  # nothing verified: no correction
+    assert not policy.mean_survival[4:].any()
+
+
 def test_an_under_confident_head_is_corrected_within_a_few_dozen_drafts():
     """The head says 0.2 at position 1, the drafts are accepted 3 times in 8 (37.5 %): after 32 verified drafts the
     factor is past 1.5 (the prior is 16 drafts at the mean prediction; counted as 16 units of predicted mass it was
