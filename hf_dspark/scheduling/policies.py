@@ -428,9 +428,9 @@ class ScheduledPolicy(VerifyPolicy):
     def _optimistic_survival(self) -> np.ndarray:
         """The drafter's best mean survival so far (the text may turn back to what it drafts well) with every
         conditional acceptance ``probe_headroom`` × higher (≤ 1): what a probe could plausibly find."""
-        survival = self.mean_survival
+        survival = self.mean_survival  # the best is kept as wide as the mean (``_remember``)
         if self._best_survival is not None:
-            survival = np.maximum(survival, _zero_padded(self._best_survival, survival.size)[: survival.size])
+            survival = np.maximum(survival, self._best_survival)
         previous = np.concatenate([[1.0], survival[:-1]])
         conditional = np.divide(survival, previous, out=np.zeros_like(survival), where=previous > 0)
         return np.cumprod(np.minimum(1.0, conditional * self.probe_headroom))

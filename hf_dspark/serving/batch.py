@@ -75,13 +75,15 @@ class RunningBatch(RaggedBatch):
         if self._pending and groups:
             raise RuntimeError("flush_context() before join(): deferred drafter context has no rows for new requests")
         groups = [group for group in groups if group.requests]  # every request of a group may have finished
+        rows_left = bool(self.vacant)
         joining = sum(len(group.requests) for group in groups)
         if groups and self.vacant and self.cache is not None:
             groups = self._fill_vacant(groups)
         in_place = joining - sum(len(group.requests) for group in groups)
         self.drop_vacant()
         if not groups:
-            self.crop_shared_leading_holes()  # the rows that left or were replaced may have been the widest
+            if rows_left:  # they may have been the widest rows (a device read: only when rows left)
+                self.crop_shared_leading_holes()
             return in_place
         self._complete_host_state()
         parts = [] if self.cache is None else [(self.cache, self.mask)]
