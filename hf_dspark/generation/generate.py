@@ -29,6 +29,7 @@ from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
 from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
+from .kv_cache import growing_cache
 from .lookup import LookupHistoryKey, LookupProposer
 from .memory import LONG_MATCH_TOKENS, memory_for
 from .prefix_cache import CachedPrefix, weights_signature
@@ -166,7 +167,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     if prefix_key is not None:
         weights = weights_signature(model, drafter)
         reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
-    cache = cache if cache is not None else DynamicCache(config=model.config)
+    cache = cache if cache is not None else growing_cache(model.config)
     do_sample = bool(generation_config.do_sample)
     linears = loop_linears(dspark_cpu_linears, model, drafter)
     with linears, TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 
 from ..modeling.draft_cache import ContextUpdate, DraftCache
 from ..modeling.target_support import cache_kwarg  # noqa: F401 (re-exported: this is where callers looked for it)
+from .kv_cache import cache_from_tensors
 
 
 def num_trailing_holes(mask: torch.Tensor) -> int:
@@ -56,19 +57,31 @@ def _left_pad(x: torch.Tensor, width: int, dim: int, value=0) -> torch.Tensor:
     return F.pad(x, pad, value=value)
 
 
+def _stacked(tensors: Sequence[torch.Tensor], width: int, dim: int, value=0) -> torch.Tensor:
+    """``tensors`` concatenated along dim 0, each right-aligned in ``width`` slots of ``dim`` (left-padded with
+    ``value``): one copy of each part into the result (padding then concatenating copies every part twice)."""
+    if len(tensors) == 1:
+        return _left_pad(tensors[0], width, dim, value)
+    shape = list(tensors[0].shape)
+    shape[0], shape[dim] = sum(t.shape[0] for t in tensors), width
+    out = tensors[0].new_full(shape, value)
+    row = 0
+    for t in tensors:
+        out[row: row + t.shape[0]].narrow(dim, width - t.shape[dim], t.shape[dim]).copy_(t)
+        row += t.shape[0]
+    return out
+
+
 def stack_rows(parts: Sequence[tuple[DynamicCache, torch.Tensor]], config) -> tuple[DynamicCache, torch.Tensor]:
     """Concatenate ragged-batch caches along the batch; shorter ones are left-padded with holes.
 
     ``parts``: (cache [r_i, H, S_i, hd] per layer, mask [r_i, S_i]). Returns a new cache and mask [Σr_i, max S_i]."""
     width = max(mask.shape[1] for _, mask in parts)
     per_part = [_layer_tensors(cache) for cache, _ in parts]
-    layers = []
-    for layer in range(len(per_part[0])):
-        keys = torch.cat([_left_pad(tensors[layer][0], width, 2) for tensors in per_part])
-        values = torch.cat([_left_pad(tensors[layer][1], width, 2) for tensors in per_part])
-        layers.append((keys, values))
-    mask = torch.cat([_left_pad(mask, width, 1) for _, mask in parts])
-    return DynamicCache(ddp_cache_data=layers, config=config), mask
+    layers = [(_stacked([tensors[layer][0] for tensors in per_part], width, 2),
+               _stacked([tensors[layer][1] for tensors in per_part], width, 2)) for layer in range(len(per_part[0]))]
+    mask = _stacked([mask for _, mask in parts], width, 1)
+    return cache_from_tensors(layers, config), mask
 
 
 def packing_index(valid: torch.Tensor) -> torch.Tensor:
@@ -82,8 +95,13 @@ def packing_index(valid: torch.Tensor) -> torch.Tensor:
 
 
 def _gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x [R, H, S, hd], index [R, S'] -> [R, H, S', hd]."""
-    return x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+    """x [R, H, S, hd], index [R, S'] -> [R, H, S', hd] (a view of a [R, S', H, hd] tensor): one row-wise
+    ``index_select`` over (row, slot) pairs moves whole H × hd blocks, ~3× faster on a CPU than an elementwise
+    ``gather`` with the index broadcast over heads and head dims."""
+    rows, heads, slots, dim = x.shape
+    flat = (index + torch.arange(rows, device=index.device)[:, None] * slots).reshape(-1)
+    picked = x.transpose(1, 2).reshape(rows * slots, heads, dim).index_select(0, flat)
+    return picked.view(rows, index.shape[1], heads, dim).transpose(1, 2)
 
 
 def compact_rows(cache: DynamicCache, mask: torch.Tensor, config) -> tuple[DynamicCache, torch.Tensor]:
@@ -91,17 +109,17 @@ def compact_rows(cache: DynamicCache, mask: torch.Tensor, config) -> tuple[Dynam
     travel as explicit ids). Returns a new cache and mask [R, max valid]."""
     index = packing_index(mask.bool())
     layers = [(_gather_slots(k, index), _gather_slots(v, index)) for k, v in _layer_tensors(cache)]
-    return DynamicCache(ddp_cache_data=layers, config=config), mask.gather(1, index)
+    return cache_from_tensors(layers, config), mask.gather(1, index)
 
 
 def stack_draft_rows(parts: Sequence[DraftCache]) -> DraftCache:
     """:func:`stack_rows` for drafter caches (padding slots are invalid, position 0)."""
     width = max(part.num_slots for part in parts)
     num_layers = len(parts[0].keys)
-    keys = [torch.cat([_left_pad(p.keys[i], width, 2) for p in parts]) for i in range(num_layers)]
-    values = [torch.cat([_left_pad(p.values[i], width, 2) for p in parts]) for i in range(num_layers)]
-    valid = torch.cat([_left_pad(p.valid, width, 1, value=False) for p in parts])
-    positions = torch.cat([_left_pad(p.positions, width, 1) for p in parts])
+    keys = [_stacked([p.keys[i] for p in parts], width, 2) for i in range(num_layers)]
+    values = [_stacked([p.values[i] for p in parts], width, 2) for i in range(num_layers)]
+    valid = _stacked([p.valid for p in parts], width, 1, value=False)
+    positions = _stacked([p.positions for p in parts], width, 1)
     has_tail = all(p.tail is not None for p in parts)  # autoregressive drafters: each row's last entry state
     return DraftCache(keys, values, valid, positions, torch.cat([p.tail for p in parts]) if has_tail else None,
                       torch.cat([p.tail_positions for p in parts]) if has_tail else None)
@@ -290,7 +308,7 @@ class RaggedBatch:
         index = self.mask[row].nonzero()[:, 0]  # a device read: once per kept request, not per round
         layers = [(k[row:row + 1].index_select(2, index), v[row:row + 1].index_select(2, index))
                   for k, v in _layer_tensors(self.cache)]
-        cache = DynamicCache(ddp_cache_data=layers, config=self.config)
+        cache = cache_from_tensors(layers, self.config)
         draft_cache = self.draft_cache.row(row) if draft is not None and self.draft_cache is not None else None
         return cache, draft_cache
 

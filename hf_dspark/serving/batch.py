@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..generation.kv_cache import cache_from_tensors
 from ..generation.ragged_batch import RaggedBatch, stack_draft_rows, stack_rows
 from ..modeling.draft_cache import DraftCache
 from .requests import Request
@@ -157,8 +158,7 @@ def _without_rows(group: JoiningRows, placed: list[int], config) -> JoiningRows:
         return group
     rows = [i for i in range(len(group.requests)) if i not in placed]
     index = torch.tensor(rows, dtype=torch.long, device=group.mask.device)
-    cache = DynamicCache(ddp_cache_data=[(layer.keys[index], layer.values[index]) for layer in group.cache.layers],
-                         config=config)
+    cache = cache_from_tensors([(layer.keys[index], layer.values[index]) for layer in group.cache.layers], config)
     return JoiningRows([group.requests[i] for i in rows], cache, group.mask[index],
                        None if group.draft_cache is None else group.draft_cache.select_rows(rows),
                        [group.anchors[i] for i in rows], [group.anchor_positions[i] for i in rows])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..generation.kv_cache import growing_cache
 from ..generation.lookup import LookupHistoryKey
 from ..generation.speculative_round import prefill
 from ..modeling.draft_cache import DraftCache
@@ -74,7 +75,7 @@ class PrefillMixin:
             entry, done = reused
             return _Prefill(entry.cache, entry.draft_cache if self.draft_width else None,
                             context=list(request.prompt_ids), num_done=done)
-        caches = (DynamicCache(config=self.target.config), DraftCache() if self.draft_width else None)
+        caches = (growing_cache(self.target.config), DraftCache() if self.draft_width else None)
         if not request.tokens:
             return _Prefill(*caches, context=list(request.prompt_ids))
         return _Prefill(*caches, context=request.prompt_ids + request.tokens[:-1], first_token=request.tokens[-1],
@@ -159,7 +160,7 @@ class PrefillMixin:
             ids[row, width - request.num_prompt_tokens:] = torch.tensor(request.prompt_ids, device=self.device)
             mask[row, width - request.num_prompt_tokens:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.target.config)
+        cache = growing_cache(self.target.config)
         firsts: list[int] = []
 
         def pick_first(logits: torch.Tensor) -> torch.Tensor:

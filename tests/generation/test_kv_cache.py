@@ -1,0 +1,92 @@
+"""The loop's target cache: appends into spare capacity and installs tensors without copies, and every operation
+the loop and transformers run on a DynamicCache (crop, leading slices, row selection, in-place row writes, masks)
+gives exactly the logits of the stock cache."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from conftest import make_tiny_llama
+from transformers import DynamicCache
+
+from hf_dspark.generation.kv_cache import GrowingLayer, cache_from_tensors, growing_cache
+from hf_dspark.generation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
+
+
+def _run(target, cache, script):
+    """Feed ``script`` (a list of (ids [R, n], operation on the cache or None)) and return every forward's logits."""
+    logits = []
+    with torch.no_grad():
+        for ids, operation in script:
+            logits.append(target(input_ids=ids, cache=cache, use_cache=True).logits)
+            if operation is not None:
+                operation(cache)
+    return logits
+
+
+def test_growing_cache_matches_the_stock_cache_through_appends_crops_and_row_selection():
+    target = make_tiny_llama(seed=0)
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(0, target.config.vocab_size, (3, n), generator=gen)  # noqa: E731
+    script = [(ids(7), None), (ids(1), None), (ids(3), lambda c: c.crop(-2)), (ids(1), None),
+              (ids(4), lambda c: c.batch_select_indices(torch.tensor([0, 2]))), (ids(1)[:2], None),
+              (ids(2)[:2], lambda c: c.crop(-1))] + [(ids(1)[:2], None) for _ in range(70)]
+    stock = _run(target, DynamicCache(config=target.config), script)
+    grown = growing_cache(target.config)
+    ours = _run(target, grown, script)
+    assert all(isinstance(layer, GrowingLayer) for layer in grown.layers)
+    for a, b in zip(stock, ours):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # the keys are a view of a larger buffer: the last append wrote in place
+    layer = grown.layers[0]
+    assert layer.keys.untyped_storage().nbytes() > layer.keys.numel() * layer.keys.element_size()
+
+
+def test_growing_layer_appends_after_a_slice_of_leading_slots_and_in_place_row_writes():
+    layer = GrowingLayer()
+    first = torch.randn(2, 2, 5, 4)
+    layer.update(first, first + 1)
+    buffer = layer._key_buffer
+    layer.keys, layer.values = layer.keys[:, :, 2:], layer.values[:, :, 2:]  # leading holes cropped (a view)
+    layer.keys[1, :, 0] = 7.0  # a joining row written in place
+    new = torch.randn(2, 2, 1, 4)
+    keys, values = layer.update(new, new + 1)
+    assert layer._key_buffer is buffer  # appended in place, no new buffer
+    expected = torch.cat([first[:, :, 2:], new], 2)
+    expected[1, :, 0] = 7.0
+    assert torch.equal(keys, expected)
+    assert torch.equal(values, torch.cat([first[:, :, 2:] + 1, new + 1], 2))
+
+
+def test_growing_layer_restarts_its_buffer_when_keys_are_replaced_and_deepcopies_as_views():
+    layer = GrowingLayer()
+    layer.update(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
+    replaced = torch.full((1, 1, 2, 2), 5.0)
+    layer.keys, layer.values = replaced, replaced.clone()
+    keys, _ = layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    assert keys[0, 0, :, 0].tolist() == [5.0, 5.0, 0.0] and torch.equal(replaced, torch.full((1, 1, 2, 2), 5.0))
+    twin = copy.deepcopy(layer)
+    twin.update(torch.full((1, 1, 1, 2), 3.0), torch.full((1, 1, 1, 2), 3.0))
+    assert layer.keys.shape[2] == 3 and twin.keys[0, 0, :, 0].tolist() == [5.0, 5.0, 0.0, 3.0]
+
+
+def test_cache_from_tensors_installs_without_copying():
+    target = make_tiny_llama(seed=0)
+    layers = [(torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)) for _ in target.model.layers]
+    cache = cache_from_tensors(layers, target.config)
+    for layer, (keys, values) in zip(cache.layers, layers):
+        assert layer.keys is keys and layer.values is values
+    assert cache.get_seq_length() == 6
+
+
+def test_row_wise_gather_and_single_copy_stack_equal_the_reference_ops():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 9, 5, generator=gen)
+    index = packing_index(torch.rand(4, 9, generator=gen) > 0.4)
+    reference = x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+    assert torch.equal(_gather_slots(x, index), reference)
+    parts = [torch.randn(2, 3, 4, 5, generator=gen), torch.randn(1, 3, 7, 5, generator=gen)]
+    assert torch.equal(_stacked(parts, 7, 2), torch.cat([_left_pad(p, 7, 2) for p in parts]))
+    masks = [torch.ones(2, 4, dtype=torch.bool), torch.ones(1, 7, dtype=torch.bool)]
+    assert torch.equal(_stacked(masks, 7, 1, value=False), torch.cat([_left_pad(m, 7, 1, value=False) for m in masks]))
