@@ -93,7 +93,8 @@ class DSparkEngine(PrefillMixin):
             padded verify of R rows × W tokens, R up to max_running_requests, W up to 1 + γ; cached on disk in
             ``sps_cache_dir``). An SPS(B) table is read as verify(R, W) = 1/SPS(R·W) with no drafter cost.
         tokenizer: needed for text / chat prompts and for ``RequestOutput.text``.
-        max_hole_fraction (`float`, defaults to 0.5): compact the batch cache when more of its columns are holes.
+        max_hole_fraction (`float`, defaults to 0.5): compact the batch cache when more of its columns are holes
+            (or when the next round would take it past its rows' share of ``max_batch_tokens``).
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
         lookup (`bool`, defaults to True): offer training-free lookup proposals (drafts copied from each request's
             own prompt and output, and from earlier requests of the same ``SamplingParams.lookup_scope``) to a
@@ -504,7 +505,10 @@ class DSparkEngine(PrefillMixin):
 
     def _decode(self, tap) -> None:
         batch, metrics = self._batch, self.engine_metrics
-        slot_budget = max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests)
+        # the batch may grow as wide as its share of max_batch_tokens (its memory bound) before it must compact;
+        # at least its widest reservation, which admission guarantees a compacted batch fits
+        slot_budget = max(max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests),
+                          self.max_batch_tokens // len(batch))
         if batch.compact_if_needed(1 + self.max_proposal, slot_budget, self.max_hole_fraction):
             metrics.compactions += 1
         processor = BatchLogitsProcessor(batch.requests)
