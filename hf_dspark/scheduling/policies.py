@@ -262,6 +262,11 @@ class ScheduledPolicy(VerifyPolicy):
     min_learning_rounds: int = 4
     #: drafting rounds behind the drafter's estimate before probes are gated by ``probe_headroom``
     min_probe_evidence: int = 16
+    #: plain steps timed before κ is trusted (ρ of one step is that step's noise), and the first refresh interval:
+    #: after that many timed speculative steps in a row a plain one re-times ρ (the interval doubles per refresh)
+    min_plain_steps: int = 3
+    plain_refresh_interval: int = 32
+    max_plain_refresh_interval: int = 512
 
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
@@ -309,8 +314,10 @@ class ScheduledPolicy(VerifyPolicy):
         # choice compares kinds of step at one row count, where ρ cancels and κ decides.
         self._plain_ratio: dict[tuple[int, bool], float] = {}
         self._plain_count: dict[tuple[int, bool], int] = {}
-        self._time_ratio: dict[tuple[bool, bool, bool, int], float] = {}  # (wide, drafted, sampled, rows) -> κ
+        self._time_ratio: dict[tuple[bool, bool, bool, int], float] = {}  # (wide, drafted, sampled, rows) -> κ·ρ
         self._time_count: dict[tuple[bool, bool, bool, int], int] = {}
+        self._since_plain = 0  # timed steps since the last plain one
+        self._plain_refresh_every = self.plain_refresh_interval
         self._predicted: np.ndarray | None = None  # decayed Σ c_j over verified, reached drafts, per j
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self._reached: np.ndarray | None = None  # decayed count of those drafts
@@ -537,6 +544,9 @@ class ScheduledPolicy(VerifyPolicy):
         momentum = self.survival_momentum
         key_rows = (int(rows) if rows else 0, bool(sampled))
         if not wide and not drafted:  # a plain step: the row count's own correction
+            if self._since_plain >= self._plain_refresh_every:  # a refresh: the next one comes later
+                self._plain_refresh_every = min(self.max_plain_refresh_interval, 2 * self._plain_refresh_every)
+            self._since_plain = 0
             # the mean of the first 1/(1 - momentum) steps, a decayed mean after: plain steps are frequent, and a
             # slowly settling ρ would bias every κ learned against it meanwhile
             count = self._plain_count.get(key_rows, 0) + 1
@@ -546,6 +556,7 @@ class ScheduledPolicy(VerifyPolicy):
             self._plain_ratio[key_rows] = (1.0 - weight) * previous + weight * ratio
             return
         kind = (wide, bool(drafted), bool(sampled))
+        self._since_plain += 1
         if not self._plain_count:
             # no plain step timed yet: what this step says about the machine goes to ρ (its kind taken at its
             # current κ), which a real plain step then replaces — and the next step is a plain one
@@ -557,17 +568,29 @@ class ScheduledPolicy(VerifyPolicy):
         # the mean of the ratio the kind borrowed so far (counted as one step) and its steps, a decayed mean once
         # there are 1/(1 - momentum) of them: one slow first step must not set it outright (a kind priced out of
         # the plan is rarely timed again), and a kind that settles slowly keeps losing while it does
+        # The kind keeps its own measured / predicted ratio (α), and κ = α / ρ is formed when it is used: a κ learned
+        # as a ratio to the ρ of its moment kept that moment's ρ — three slow plain steps early on (ρ 1.31 where
+        # later ones ran 1.1) priced drafting at 0.86× a plain step for the rest of the run.
         key = kind + (key_rows[0],)
         count = self._time_count.get(key, 0) + 1
         self._time_count[key] = count
         weight = max(1.0 / (count + 1), 1.0 - momentum)
-        relative = ratio / self._nearest_plain_ratio(*key_rows)
-        previous = self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled, rows=key_rows[0])
-        self._time_ratio[key] = (1.0 - weight) * previous + weight * relative
+        previous = self._time_ratio.get(key)
+        if previous is None:  # what the kind borrowed so far, in absolute terms
+            previous = (self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled, rows=key_rows[0])
+                        * self._nearest_plain_ratio(*key_rows))
+        self._time_ratio[key] = (1.0 - weight) * previous + weight * ratio
 
     def _wants_plain_step(self) -> bool:
-        """Steps are being timed but no plain one was yet: take one, the reference every kind is corrected by."""
-        return bool(self._plain_ratio) and not self._plain_count
+        """Steps are being timed but fewer than ``min_plain_steps`` plain ones, or none for the last
+        ``_plain_refresh_every`` steps: take one, the reference every kind is corrected by. Why: a policy that
+        keeps speculating never re-times ρ, and every κ is learned relative to it — one slow first plain step at 16
+        rows (ρ 1.65 where plain steps ran ~1.3×) priced drafted steps at 0.72× a plain one, and the engine drafted
+        every step at a load where drafting lost."""
+        if not self._plain_ratio:
+            return False
+        return (sum(self._plain_count.values()) < self.min_plain_steps
+                or self._since_plain >= self._plain_refresh_every)
 
     def _nearest_plain_ratio(self, rows: int, sampled: bool) -> float:
         """ρ of the nearest row count timed in plain steps (same sampling mode first), else 1."""
@@ -592,7 +615,8 @@ class ScheduledPolicy(VerifyPolicy):
                     timed = [r for (tw, td, ts, r) in self._time_ratio if (tw, td, ts) == (w, d, s)]
                     if timed:
                         nearest = min(timed, key=lambda r: (abs(r - rows), r))
-                        return self._time_ratio[bool(w), bool(d), bool(s), nearest]
+                        return self._time_ratio[bool(w), bool(d), bool(s), nearest] / self._nearest_plain_ratio(
+                            nearest, bool(s))
         return 1.0
 
     def step_time_factors(self, gamma: int, *, drafted: bool, sampled: bool = False,

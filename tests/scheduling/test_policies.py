@@ -551,6 +551,9 @@ def test_wide_step_corrections_are_kept_per_row_count_and_wait_for_a_plain_step(
     assert not run_drafter and not use_lookup.any()
     policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=16)
     assert policy.plain_step_ratios == {"16 rows": 1.0}  # a real plain step replaces the machine-speed guess
+    assert not policy.wants_drafts(4, cheap)  # one plain step is one sample of a noisy machine: more first
+    for _ in range(policy.min_plain_steps - 1):
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=16)
     assert policy.wants_drafts(4, cheap)
     for _ in range(60):
         for rows, relative in ((4, 1.1), (16, 1.3)):
@@ -562,6 +565,43 @@ def test_wide_step_corrections_are_kept_per_row_count_and_wait_for_a_plain_step(
     margin = policy.speculation_margin  # every kind but a plain step is priced with it
     assert policy.step_time_factors(3, drafted=False, rows=16).tolist() == pytest.approx(
         [1.0] + [1.3 * margin] * 3, rel=0.01)
+
+
+def test_a_policy_that_keeps_speculating_re_times_plain_steps_ever_more_rarely():
+    """κ is learned relative to ρ, which only plain steps time: a policy that speculates every step would keep the
+    ρ of its first few plain steps for ever (one slow one once priced drafting at 0.72× a plain step). After
+    ``plain_refresh_interval`` timed speculative steps in a row it takes a plain step, and the next refresh comes
+    twice as late."""
+    policy = make_policy("scheduled")
+    cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    for _ in range(policy.min_plain_steps):
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=4)
+    interval = policy.plain_refresh_interval
+    for every in (interval, 2 * interval):
+        for _ in range(every):
+            assert policy.wants_drafts(4, cheap)
+            policy.observe_step(True, predicted_seconds=0.2, seconds=0.2, wide=True, rows=4)
+        assert not policy.wants_drafts(4, cheap)
+        _, run_drafter = policy.plan_sources(np.full((4, 2), 0.9), cheap, drafter_available=True)
+        assert not run_drafter
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.13, rows=4)
+        assert policy.wants_drafts(4, cheap)
+    assert policy.plain_step_ratios["4 rows"] > 1.0  # the refreshes moved ρ
+
+
+def test_a_kinds_correction_follows_the_current_plain_step_ratio():
+    """κ is the kind's measured / predicted ratio over ρ *now*: drafted steps timed at 1.2× their prediction while
+    plain steps ran 1.3× (an early, slow stretch) are 1.2 / 1.1 a plain step once plain steps settle at 1.1×, not
+    the 0.92 of that stretch."""
+    policy = make_policy("scheduled")
+    for _ in range(policy.min_plain_steps):
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.13, rows=16)
+    for _ in range(20):
+        policy.observe_step(True, predicted_seconds=0.2, seconds=0.24, wide=True, rows=16)
+    assert policy.step_time_ratios_at(16)["drafted"] == pytest.approx(1.2 / 1.3, rel=0.02)
+    for _ in range(60):
+        policy.observe_step(False, predicted_seconds=0.1, seconds=0.11, rows=16)
+    assert policy.step_time_ratios_at(16)["drafted"] == pytest.approx(1.2 / 1.1, rel=0.02)
 
 
 def test_speculation_needs_its_margin_over_a_plain_step():
