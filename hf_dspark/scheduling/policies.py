@@ -265,6 +265,8 @@ class ScheduledPolicy(VerifyPolicy):
     #: plain steps timed before κ is trusted (ρ of one step is that step's noise), and the first refresh interval:
     #: after that many timed speculative steps in a row a plain one re-times ρ (the interval doubles per refresh)
     min_plain_steps: int = 3
+    #: pseudo-steps at the borrowed ratio that a kind's first steps measuring it cheaper are weighed against
+    cheap_evidence_steps: int = 8
     plain_refresh_interval: int = 32
     max_plain_refresh_interval: int = 512
 
@@ -565,20 +567,25 @@ class ScheduledPolicy(VerifyPolicy):
             self._plain_ratio[key_rows] = ratio / self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled,
                                                                        rows=key_rows[0])
             return
-        # the mean of the ratio the kind borrowed so far (counted as one step) and its steps, a decayed mean once
-        # there are 1/(1 - momentum) of them: one slow first step must not set it outright (a kind priced out of
-        # the plan is rarely timed again), and a kind that settles slowly keeps losing while it does
         # The kind keeps its own measured / predicted ratio (α), and κ = α / ρ is formed when it is used: a κ learned
         # as a ratio to the ρ of its moment kept that moment's ρ — three slow plain steps early on (ρ 1.31 where
         # later ones ran 1.1) priced drafting at 0.86× a plain step for the rest of the run.
+        # α is the mean of the ratio the kind borrowed so far and its steps, a decayed mean once there are
+        # 1/(1 - momentum) of them. The borrowed ratio counts as one step against a step that says the kind is
+        # dearer (one slow first step must not set it outright, but a kind that settles slowly keeps losing while
+        # it does) and as ``cheap_evidence_steps`` against one that says it is cheaper: a cheap-looking kind is
+        # chosen at once, and choosing on a few noisy steps favours the kinds that happened to look too cheap (four
+        # drafted steps at 16 rows measured 0.8× a plain step, where they cost 1.0×, and the engine drafted at a
+        # load where drafting lost 6 %).
         key = kind + (key_rows[0],)
         count = self._time_count.get(key, 0) + 1
         self._time_count[key] = count
-        weight = max(1.0 / (count + 1), 1.0 - momentum)
         previous = self._time_ratio.get(key)
         if previous is None:  # what the kind borrowed so far, in absolute terms
             previous = (self.step_time_ratio(wide=wide, drafted=drafted, sampled=sampled, rows=key_rows[0])
                         * self._nearest_plain_ratio(*key_rows))
+        prior = self.cheap_evidence_steps if ratio < previous else 1
+        weight = max(1.0 / (count + prior), 1.0 - momentum)
         self._time_ratio[key] = (1.0 - weight) * previous + weight * ratio
 
     def _wants_plain_step(self) -> bool:

@@ -405,12 +405,13 @@ def test_sampled_and_greedy_rounds_have_their_own_step_time_corrections():
     cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.01)
     policy = make_policy("scheduled", probe_interval=100)
     learned(policy, torch.full((4, 5), 0.6, dtype=torch.float64), torch.full((4,), 5), cost)
-    for _ in range(30):
+    for _ in range(40):
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.36, sampled=True)
         policy.observe_step(True, predicted_seconds=0.12, seconds=0.12)
         policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, sampled=True)
     ratios = policy.step_time_ratios
-    # (a kind's first step moves the ratio it borrowed from the nearest kind timed so far: 1.2 here)
+    # (a kind's first step moves the ratio it borrowed from the nearest kind timed so far; the greedy kind borrowed
+    # the sampled one's dear ratio, and evidence that a kind is cheaper is believed slowly: 40 steps settle it)
     assert ratios["drafted, sampled"] == pytest.approx(3.0, rel=0.1)
     assert ratios["drafted"] == pytest.approx(1.0, rel=0.02)
     assert ratios["plain, sampled"] == pytest.approx(1.0, rel=0.02) and ratios["plain"] == pytest.approx(1.0, rel=0.02)
@@ -602,6 +603,23 @@ def test_a_kinds_correction_follows_the_current_plain_step_ratio():
     for _ in range(60):
         policy.observe_step(False, predicted_seconds=0.1, seconds=0.11, rows=16)
     assert policy.step_time_ratios_at(16)["drafted"] == pytest.approx(1.2 / 1.1, rel=0.02)
+
+
+def test_a_kind_is_believed_dearer_at_once_and_cheaper_only_on_more_evidence():
+    """Four steps of a kind measuring 1.3× a plain step move its κ most of the way (a dear kind keeps losing while
+    it settles); four measuring 0.8× move it only a little (choosing on a few noisy steps favours kinds that
+    happened to look cheap). Twenty steps settle either."""
+    def learned(relative: float, steps: int) -> float:
+        policy = make_policy("scheduled")
+        for _ in range(policy.min_plain_steps):
+            policy.observe_step(False, predicted_seconds=0.1, seconds=0.1, rows=4)
+        for _ in range(steps):
+            policy.observe_step(True, predicted_seconds=0.2, seconds=0.2 * relative, wide=True, rows=4)
+        return policy.step_time_ratios_at(4)["drafted"]
+
+    assert learned(1.3, 4) > 1.2
+    assert 0.9 < learned(0.8, 4) < 0.96
+    assert learned(1.3, 40) == pytest.approx(1.3, rel=0.02) and learned(0.8, 40) == pytest.approx(0.8, rel=0.02)
 
 
 def test_speculation_needs_its_margin_over_a_plain_step():
