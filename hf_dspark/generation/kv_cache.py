@@ -4,15 +4,17 @@ copies it does not need.
 Two costs of the stock cache show up in every round of a CPU loop:
 
 * ``DynamicCache(ddp_cache_data=...)`` fills each layer through ``update``, i.e. ``torch.cat`` onto an empty tensor:
-  a second copy of every K/V tensor we just built by stacking, packing or selecting rows (a quarter to a third of
-  what a compaction or a stack of the engine's batch cost). :func:`cache_from_tensors` installs them as they are.
+  a second copy of every K/V tensor we just built by stacking, packing or selecting rows (a fifth of what a
+  compaction of the engine's batch cost, over half of a stack). :func:`cache_from_tensors` installs them as they are.
 * ``DynamicLayer.update`` appends by ``torch.cat``, which copies the whole layer on every forward: with 16 rows of
   ~400 slots that is ~8 % of an engine step, and it grows with the context. :class:`GrowingLayer` appends into
-  spare capacity instead (amortised doubling), and returns a view, so a round costs the K/V it adds.
+  spare capacity instead (a quarter of its length, 64 to 1024 slots) and returns a view, so a round costs the K/V
+  it adds.
 
 Both stay ``DynamicCache`` / ``DynamicLayer`` for transformers (masking, ``crop``, ``batch_select_indices``,
-in-place row writes and slicing all keep working): a layer whose ``keys`` were replaced by any other tensor
-(a crop's view, a row selection) simply starts a new buffer on its next append — no worse than ``torch.cat``.
+in-place row writes and slicing all keep working): a crop or a slice of leading slots stays a view of the buffer,
+and a layer whose ``keys`` were replaced by any other tensor (a row selection, a tensor built elsewhere) simply
+starts a new buffer on its next append — no worse than ``torch.cat``.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-#: the fewest spare slots a new buffer gets, and the fraction of its length it adds on top
+#: spare slots a new buffer gets: a quarter of its length, at least 64 (short contexts reallocate rarely) and at
+#: most 1024 (a long context on an accelerator must not hold much more memory than it uses; reallocating every
+#: 1024 appended tokens is still ~1/1000 of the copying ``torch.cat`` does)
 MIN_SPARE_SLOTS = 64
-SPARE_FRACTION = 0.5
+MAX_SPARE_SLOTS = 1024
+SPARE_FRACTION = 0.25
 
 
 class GrowingLayer(DynamicLayer):
@@ -50,7 +55,7 @@ class GrowingLayer(DynamicLayer):
             return None
         offset = tensor.storage_offset() - buffer.storage_offset()
         slot_stride = buffer.stride(2)
-        if offset < 0 or offset % slot_stride or offset // slot_stride >= buffer.shape[2] + 1:
+        if offset < 0 or offset % slot_stride:
             return None
         start = offset // slot_stride
         return start if start + tensor.shape[2] <= buffer.shape[2] else None
@@ -60,7 +65,8 @@ class GrowingLayer(DynamicLayer):
         start = self._start_in_buffer(current, buffer) if current.numel() else None
         length, added = (current.shape[2] if current.dim() == 4 else 0), new.shape[2]
         if start is None or start + length + added > buffer.shape[2]:
-            capacity = length + added + max(MIN_SPARE_SLOTS, int(SPARE_FRACTION * (length + added)))
+            spare = min(MAX_SPARE_SLOTS, max(MIN_SPARE_SLOTS, int(SPARE_FRACTION * (length + added))))
+            capacity = length + added + spare
             buffer = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
             if length:
                 buffer[:, :, :length] = current
