@@ -106,7 +106,7 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_
         policy = make_policy(policy)
     memory = memory_for(model)
     if policy is None:
-        policy = memory.policy_for(drafter)
+        policy = memory.policy_for(drafter, lookup)
     round_drafter = None if lookup == "only" else drafter
     width = 1 + max(drafter.config.block_size, LONG_MATCH_TOKENS if lookup else 0)
     cost = step_cost if step_cost is not None else (lambda: memory.cost_for(model, round_drafter, rows, width))

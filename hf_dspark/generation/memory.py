@@ -37,15 +37,19 @@ class SpeculationMemory:
 
     history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
     calibrator: LookupCalibrator = field(default_factory=LookupCalibrator)
-    policies: dict = field(default_factory=dict)  # drafter token -> ScheduledPolicy
+    policies: dict = field(default_factory=dict)  # (drafter token, lookup mode) -> ScheduledPolicy
     costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
     prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (scope, drafter token) -> caches
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def policy_for(self, drafter) -> ScheduledPolicy:
+    def policy_for(self, drafter, lookup: bool | str = True) -> ScheduledPolicy:
+        """The scheduler of calls with this drafter and lookup mode (``dspark_lookup``): one per mode, because its
+        history is a record of decisions between the sources that mode offers — calls with lookup proposals that
+        found the drafter not worth probing must not stop calls without them from drafting (a benchmark's
+        drafter-only arm, sharing the fused arm's scheduler, drafted 3 of 187 rounds where alone it drafted most)."""
         with self.lock:
             # generate calls come and go: a drafter that keeps not paying is probed less and less often
-            return self.policies.setdefault(_token(drafter), ScheduledPolicy(probe_backoff=2.0))
+            return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy(probe_backoff=2.0))
 
     def prefix_key(self, scope: str, drafter) -> tuple[str, int]:
         """Prefix-cache entries belong to a caller scope and to the drafter whose context they hold."""

@@ -106,6 +106,21 @@ def test_default_scheduler_measures_its_own_step_cost(target, draft):
     assert len(memory_for(target).costs) == 2  # one profile without the drafter, one with it
 
 
+def test_each_lookup_mode_keeps_its_own_scheduler(target, draft):
+    """The scheduler's history records decisions between the sources a mode offers: calls with lookup proposals
+    must not pass theirs (skipped rounds, probe back-off) to calls without them, and repeated calls of one mode
+    share theirs."""
+    forget(target)
+    for lookup in (True, False, "only", False):
+        got = plain(target, PROMPT, do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_lookup=lookup,
+                    dspark_step_cost=flat_cost())
+        assert torch.equal(got, plain(target, PROMPT, do_sample=False, max_new_tokens=12))
+    memory = memory_for(target)
+    assert len(memory.policies) == 3
+    policies = [memory.policy_for(draft, lookup) for lookup in (True, False, "only")]
+    assert len({id(p) for p in policies}) == 3 and memory.policy_for(draft, False) is policies[1]
+
+
 def test_lookup_can_be_turned_off(target, draft):
     forget(target)
     plain(target, PROMPT, do_sample=False, max_new_tokens=20, assistant_model=draft, dspark_lookup=False,
