@@ -154,8 +154,9 @@ class StepCostProfile:
 
     ``verify_seconds[i][k]``: target forward over ``rows[i]`` rows × ``widths[k]`` tokens (W = 1 + max ℓ_r);
     ``draft_seconds[i]``: one batched drafter pass for ``rows[i]`` requests (0 where unknown). Between measured
-    row counts the cost is interpolated linearly; beyond the last it grows in proportion to the rows. Widths
-    are clipped to the measured range (the engine never verifies wider than 1 + γ).
+    row counts the cost is interpolated linearly; beyond the last a verify costs what the last row count pays for
+    as many tokens (``_beyond_rows``) and a drafter pass grows in proportion to the rows. Widths are clipped to
+    the measured range (the engine never verifies wider than 1 + γ).
 
     It also answers SPS(B) like :class:`SPSProfile` (B tokens in rows of ``widths[-1]``), so SPS-based policies
     and user code keep working when handed a step-cost profile.
@@ -195,8 +196,25 @@ class StepCostProfile:
 
     def verify_widths(self, num_rows: int) -> np.ndarray:
         """Verify seconds for ``num_rows`` rows at every width widths[0]..widths[-1] (index = width − widths[0])."""
+        all_widths = np.arange(self.widths[0], self.widths[-1] + 1)
+        if num_rows > self.rows[-1]:
+            return np.array([self._beyond_rows(num_rows, int(w)) for w in all_widths])
         measured = [self._at_rows(self._verify[:, k], num_rows) for k in range(len(self.widths))]  # type: ignore
-        return np.interp(np.arange(self.widths[0], self.widths[-1] + 1), self.widths, measured)
+        return np.interp(all_widths, self.widths, measured)
+
+    def _beyond_rows(self, num_rows: int, width: int) -> float:
+        """A row count past the last measured one, priced by its tokens: a padded verify of R × W tokens runs its
+        linears on R·W rows of activations and its attention on R·W queries, so it costs what the last measured
+        row count pays for as many tokens (a wider step), and proportionally more past the widest one measured.
+        Why not in proportion to rows: a 1-token step is far from compute-bound (the weights are read once for all
+        rows), so doubling 8 rows priced a 16-row plain step 27 % dear while its 9-token steps came out 6 % cheap:
+        drafting looked a third cheaper than it was, exactly at the load where it could not pay."""
+        last, tokens = self.rows[-1], num_rows * width
+        equivalent = tokens / last  # the width with as many tokens at the last measured row count
+        line = self._verify[-1]  # type: ignore[attr-defined]
+        if equivalent <= self.widths[-1]:
+            return float(np.interp(equivalent, self.widths, line))
+        return float(line[-1]) * tokens / (last * self.widths[-1])
 
     def verify(self, num_rows: int, width: int) -> float:
         """Seconds of a padded verify forward of ``num_rows`` rows × ``width`` tokens."""

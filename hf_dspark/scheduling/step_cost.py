@@ -313,7 +313,8 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     counts where the skinny kernel's cost jumps) and
     W = 1..4, 8, ... (``coarse_width_grid``, plus the widths where the skinny kernel's cost jumps), each cell
     repeated until ``repeats`` runs or ``CELL_BUDGET_S``, and no row count that would end after ``max_seconds``
-    (larger R are then extrapolated in proportion to R, which the cost is once compute-bound; None = no limit);
+    (larger R are then priced by their tokens: what the last measured R pays for as many, see
+    ``StepCostProfile``; None = no limit);
     lookups interpolate between. ``refine=True`` measures the fine grid (R = 1, 2, 4, 8, ..., every W, all
     ``repeats``, no time limit); a cached fine table is then also what later coarse calls use. ``rows`` gives
     the row grid (measured in full). Costs are made non-decreasing in R and W (isotonic fit) so noise never
@@ -419,8 +420,8 @@ def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *,
     """(rows measured, raw verify seconds [rows][widths], raw draft seconds [rows]), row counts in ascending order.
 
     Announces its estimated duration after the first full-context forward. A row count projected to end after
-    ``max_seconds`` is not measured, nor any larger: StepCostProfile extrapolates beyond its last row count in
-    proportion to rows (what the cost does once compute-bound, the regime where measuring is slow)."""
+    ``max_seconds`` is not measured, nor any larger: StepCostProfile prices a larger row count by its tokens (a
+    padded R × W step costs what the last measured row count pays for R·W tokens)."""
     from tqdm.auto import tqdm
 
     timing = dict(context_len=context_len, repeats=repeats, device=device, generator=generator)
@@ -450,9 +451,9 @@ def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *,
     try:
         for k, r in enumerate(row_grid):
             if k and time.perf_counter() - start + _projected_seconds(row_grid[:k], seconds, r) > max_seconds:
-                logger.info("step-cost profile: R > %d not measured (max_seconds=%s): their cost is extrapolated in "
-                            "proportion to R; profile_step_cost(..., refine=True) measures them", row_grid[k - 1],
-                            max_seconds)
+                logger.info("step-cost profile: R > %d not measured (max_seconds=%s): they are priced by their "
+                            "tokens at the last row count measured; profile_step_cost(..., refine=True) measures them",
+                            row_grid[k - 1], max_seconds)
                 break
             row_start = time.perf_counter()
             verify.append(measure(r, widths))

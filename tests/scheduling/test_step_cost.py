@@ -123,7 +123,7 @@ def test_step_cost_lookup_interpolates_and_extrapolates():
     assert cost.verify(1, 1) == pytest.approx(1.0) and cost.verify(4, 4) == pytest.approx(8.0)
     assert cost.verify(2, 4) == pytest.approx(4.0 + 4.0 / 3)  # linear in rows between measured ones
     assert cost.verify(1, 3) == pytest.approx(3.0)  # linear in width between measured ones
-    assert cost.verify(8, 2) == pytest.approx(8.0)  # beyond the last row count: proportional to rows
+    assert cost.verify(8, 2) == pytest.approx(8.0)  # beyond the last row count: its cost for as many tokens
     assert cost.verify(1, 9) == cost.verify(1, 4) and cost.verify(1, 0) == cost.verify(1, 1)  # widths clipped
     assert cost.verify_widths(1).tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0])
     assert cost.draft(1) == pytest.approx(0.5) and cost.draft(8) == pytest.approx(2.0)
@@ -134,6 +134,18 @@ def test_step_cost_lookup_interpolates_and_extrapolates():
         StepCostProfile((1,), (1, 2), ((1.0,),), (0.0,))
     with pytest.raises(ValueError, match="finite"):
         StepCostProfile((1,), (1,), ((0.0,),), (0.0,))
+
+
+def test_step_cost_prices_rows_beyond_the_table_by_their_tokens():
+    # a 1-token step is far from compute-bound (4 rows cost 2 s, 2 tokens each 3 s): 8 rows × 1 token cost what
+    # 4 rows × 2 tokens do, not twice 4 rows × 1 token; past the widest measured step, proportional to tokens
+    cost = StepCostProfile((1, 4), (1, 2, 4), ((1.0, 1.5, 2.5), (2.0, 3.0, 5.0)), (0.5, 1.0))
+    assert cost.verify(8, 1) == pytest.approx(3.0)  # 8 tokens: 4 rows × 2
+    assert cost.verify(12, 1) == pytest.approx(4.0)  # 12 tokens: 4 rows × 3, between measured widths
+    assert cost.verify(8, 4) == pytest.approx(10.0)  # 32 tokens: twice the widest (4 × 4) measured step
+    assert cost.verify_widths(8).tolist() == pytest.approx([3.0, 5.0, 7.5, 10.0])
+    assert cost.verify(16, 1) / cost.verify(4, 1) == pytest.approx(2.5)  # proportional to rows would say 4
+    assert cost.draft(8) == pytest.approx(2.0)  # a drafter pass: still proportional to rows
 
 
 def test_step_cost_from_sps_and_round_trip(tmp_path):
