@@ -254,6 +254,10 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--prompts-per-benchmark", type=int, default=8)
     p.add_argument("--max-prompts", type=int, default=None, help="cap on the total number of distinct prompts")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
+    p.add_argument("--min-new-tokens", type=int, default=None,
+                   help="request i asks for a number of new tokens drawn from [this, --max-new-tokens] (seeded by i, "
+                        "the same stream for every policy): traffic whose answers end at different steps, as real "
+                        "answers do (default: every request asks for --max-new-tokens)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--requests-factor", type=float, default=2.0, help="requests per level = factor × C ...")
     p.add_argument("--min-requests", type=int, default=8, help="... but at least this many")
@@ -301,8 +305,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     drafter = load_drafter(args.drafter, target)
     settings = ServingBenchSettings(
         levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
-        threshold=args.threshold, max_new_tokens=args.max_new_tokens, requests_factor=args.requests_factor,
-        min_requests=args.min_requests, temperature=args.temperature, repeats=args.repeats,
+        threshold=args.threshold, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+        requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature, repeats=args.repeats,
         max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears, interleave=args.interleave)
     prompts = serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark, args.max_prompts,
                               args.max_prompt_tokens)
@@ -329,7 +333,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     report = {"target": target_name, "drafter": drafter.source, "drafter_trained": drafter.trained,
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
-              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "min_new_tokens": args.min_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
               "repeats": args.repeats, "interleave": args.interleave,
               "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}

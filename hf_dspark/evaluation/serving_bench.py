@@ -12,6 +12,7 @@ a shared machine hits them alike; their order is rotated each round and each rep
 from __future__ import annotations
 
 import logging
+import random
 import re
 import statistics
 import time
@@ -36,6 +37,9 @@ class ServingBenchSettings:
     policies: Sequence[str] = tuple(DEFAULT_POLICIES.split(","))
     threshold: float = 0.5
     max_new_tokens: int = 128
+    #: None: every request asks for ``max_new_tokens``; else request i asks for a number drawn uniformly from
+    #: [min_new_tokens, max_new_tokens], seeded by i (the same stream for every policy and repeat)
+    min_new_tokens: int | None = None
     requests_factor: float = 2.0
     min_requests: int = 8
     temperature: float = 0.0
@@ -96,9 +100,10 @@ class ClosedLoop:
     server under steady traffic never sees; the full-load window is that steady state."""
 
     def __init__(self, engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int,
-                 num_requests: int, max_new_tokens: int, sampling: dict):
+                 num_requests: int, max_new_tokens: int, sampling: dict, min_new_tokens: int | None = None):
         self.engine, self.prompts, self.concurrency = engine, prompts, concurrency
         self.num_requests, self.max_new_tokens, self.sampling = num_requests, max_new_tokens, sampling
+        self.min_new_tokens = min_new_tokens
         self.clock = 0.0
         self.submitted = 0
         self.inflight: list[tuple[int, object, float]] = []  # (index, handle, submitted at, on the clock)
@@ -116,7 +121,8 @@ class ClosedLoop:
         start = time.perf_counter()
         while len(self.inflight) < self.concurrency and self.submitted < self.num_requests:
             _, ids = self.prompts[self.submitted % len(self.prompts)]
-            handle = self.engine.submit(ids, self.max_new_tokens, **self.sampling)
+            handle = self.engine.submit(ids, request_length(self.submitted, self.min_new_tokens,
+                                                            self.max_new_tokens), **self.sampling)
             self.inflight.append((self.submitted, handle, self.clock + time.perf_counter() - start))
             self.submitted += 1
         if (self.full_load is None and self.submitted >= self.num_requests
@@ -164,10 +170,20 @@ class ClosedLoop:
         }
 
 
+def request_length(index: int, min_new_tokens: int | None, max_new_tokens: int) -> int:
+    """The new tokens request ``index`` of the stream asks for: ``max_new_tokens``, or a draw from [min, max] seeded
+    by the index. Why a spread: requests of one length under plain decoding finish in the same step and the next
+    ones are prefilled together, a lock-step that real traffic (answers of every length) never has and that
+    speculation, which staggers them, cannot keep; the spread serves every policy the same staggered stream."""
+    if min_new_tokens is None or min_new_tokens >= max_new_tokens:
+        return max_new_tokens
+    return random.Random(index).randint(max(1, min_new_tokens), max_new_tokens)
+
+
 def run_level(engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int, num_requests: int,
-              max_new_tokens: int, sampling: dict) -> dict:
+              max_new_tokens: int, sampling: dict, min_new_tokens: int | None = None) -> dict:
     """One policy's closed loop run alone to the end (:class:`ClosedLoop`); its record."""
-    loop = ClosedLoop(engine, prompts, concurrency, num_requests, max_new_tokens, sampling)
+    loop = ClosedLoop(engine, prompts, concurrency, num_requests, max_new_tokens, sampling, min_new_tokens)
     while not loop.done:
         loop.advance()
     return loop.record()
@@ -218,7 +234,8 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                                       cpu_linears=settings.cpu_linears, **engine_kwargs)
                 if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream
                     _ = engine.step_cost
-                loop = ClosedLoop(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling)
+                loop = ClosedLoop(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling,
+                                  settings.min_new_tokens)
                 if settings.interleave == "runs":
                     while not loop.done:
                         loop.advance()

@@ -37,6 +37,22 @@ def test_closed_loop_levels_repeats_and_medians(tiny_target, tiny_drafter):
     json.dumps(summary)
 
 
+def test_length_spread_serves_every_policy_the_same_stream(tiny_target, tiny_drafter):
+    """--min-new-tokens: request i asks for a seeded draw from [min, max]; every policy and repeat gets the same
+    lengths (and, greedy, the same tokens), and the lengths differ, so plain decoding is no longer in lock-step."""
+    from hf_dspark.evaluation.serving_bench import request_length
+
+    lengths = [request_length(i, 2, 9) for i in range(6)]
+    assert lengths == [request_length(i, 2, 9) for i in range(6)] and len(set(lengths)) > 1
+    assert all(2 <= n <= 9 for n in lengths) and request_length(3, None, 9) == 9 and request_length(3, 9, 9) == 9
+    prompts = [("gsm8k", [5, 17, 33]), ("mt-bench", [8, 9])]
+    settings = ServingBenchSettings(levels=[2], policies=["none", "fixed2"], max_new_tokens=9, min_new_tokens=2,
+                                    requests_factor=1, min_requests=6, repeats=2)
+    results = run_serving_bench(tiny_target, tiny_drafter, None, prompts, {1: 1.0, 2: 1.05, 4: 1.1}, settings)
+    assert all(r["generated_tokens"] == sum(lengths) for r in results)
+    assert all(r["greedy_agreement"] == 1.0 for r in results[1:])
+
+
 def test_prompts_interleave_benchmarks_and_skip_long_ones(tmp_path):
     for name in ("gsm8k", "humaneval", "mt-bench"):
         rows = [{"turns": [f"{name} " + "x " * n]} for n in (1, 50, 2, 3)]
