@@ -53,6 +53,19 @@ def make_tiny_qwen3(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_V
     return Qwen3ForCausalLM(cfg).eval()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _profiles_in_a_session_cache(tmp_path_factory):
+    """Step-cost and SPS profiles the tests measure (tiny random models, a busy machine) are cached for the session
+    in a temporary folder, not in the user's ``~/.cache/hf_dspark/sps`` (a run of the suite left ~45 tables there)."""
+    from hf_dspark.scheduling import step_cost
+
+    root = tmp_path_factory.mktemp("hf_dspark_cache")
+    original = step_cost._cache_root
+    step_cost._cache_root = lambda cache_dir: original(root if cache_dir is None else cache_dir)
+    yield root
+    step_cost._cache_root = original
+
+
 @pytest.fixture
 def tiny_target():
     return make_tiny_llama()

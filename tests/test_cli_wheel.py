@@ -68,7 +68,8 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv_python), "install", "--no-deps", "--no-index",
                     "--ignore-installed", "-q", str(wheel)], check=True, cwd=work)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_DSPARK_EVAL_DIR", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    # the CLI's caches (a tiny target's step-cost profile) in the throwaway folder, not in the user's ~/.cache
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", HF_DSPARK_CACHE=str(work / "cache"))
     outside = work / "elsewhere"
     outside.mkdir()
     return venv_python.parent, env, outside
