@@ -306,8 +306,9 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     settings = ServingBenchSettings(
         levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-        requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature, repeats=args.repeats,
-        max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears, interleave=args.interleave)
+        requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature,
+        repeats=args.repeats, max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears,
+        interleave=args.interleave)
     prompts = serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark, args.max_prompts,
                               args.max_prompt_tokens)
     gamma = drafter.model.config.block_size
@@ -333,7 +334,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     report = {"target": target_name, "drafter": drafter.source, "drafter_trained": drafter.trained,
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
-              "max_new_tokens": args.max_new_tokens, "min_new_tokens": args.min_new_tokens, "temperature": args.temperature, "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "min_new_tokens": args.min_new_tokens,
+              "temperature": args.temperature, "num_prompts": len(prompts),
               "repeats": args.repeats, "interleave": args.interleave,
               "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}
