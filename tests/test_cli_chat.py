@@ -158,10 +158,11 @@ class Terminal:
     def wait(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                self.output += os.read(self.fd, 4096).decode(errors="replace")
-            except OSError:
-                pass
+            if select.select([self.fd], [], [], 0.0)[0]:  # a read without output waiting would block: no deadline
+                try:
+                    self.output += os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:
+                    pass
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 return os.waitstatus_to_exitcode(status)
@@ -175,7 +176,8 @@ def test_ctrl_c_in_a_terminal_stops_the_reply_and_keeps_the_chat(tiny_target_dir
     path, prompt, _ = tiny_target_dir
     messages_file = tmp_path / "messages.json"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TERM": "dumb",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "HF_DSPARK_CACHE": str(tmp_path / "cache")}  # its step-cost profile stays out of the user's cache
     argv = [sys.executable, "-c", DRIVER, str(messages_file), str(FORWARD_DELAY_S), "generate", "--target",
             str(path), "--drafter", str(path / "drafter"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--threads", "1"]
     term = Terminal(argv, env)
