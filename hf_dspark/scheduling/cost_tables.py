@@ -198,23 +198,22 @@ class StepCostProfile:
         """Verify seconds for ``num_rows`` rows at every width widths[0]..widths[-1] (index = width − widths[0])."""
         all_widths = np.arange(self.widths[0], self.widths[-1] + 1)
         if num_rows > self.rows[-1]:
-            return np.array([self._beyond_rows(num_rows, int(w)) for w in all_widths])
+            return self._beyond_rows(num_rows, all_widths)
         measured = [self._at_rows(self._verify[:, k], num_rows) for k in range(len(self.widths))]  # type: ignore
         return np.interp(all_widths, self.widths, measured)
 
-    def _beyond_rows(self, num_rows: int, width: int) -> float:
+    def _beyond_rows(self, num_rows: int, widths: np.ndarray) -> np.ndarray:
         """A row count past the last measured one, priced by its tokens: a padded verify of R × W tokens runs its
         linears on R·W rows of activations and its attention on R·W queries, so it costs what the last measured
         row count pays for as many tokens (a wider step), and proportionally more past the widest one measured.
         Why not in proportion to rows: a 1-token step is far from compute-bound (the weights are read once for all
         rows), so doubling 8 rows priced a 16-row plain step 27 % dear while its 9-token steps came out 6 % cheap:
         drafting looked a third cheaper than it was, exactly at the load where it could not pay."""
-        last, tokens = self.rows[-1], num_rows * width
+        last, widest, tokens = self.rows[-1], self.widths[-1], num_rows * widths
         equivalent = tokens / last  # the width with as many tokens at the last measured row count
         line = self._verify[-1]  # type: ignore[attr-defined]
-        if equivalent <= self.widths[-1]:
-            return float(np.interp(equivalent, self.widths, line))
-        return float(line[-1]) * tokens / (last * self.widths[-1])
+        return np.where(equivalent <= widest, np.interp(equivalent, self.widths, line),
+                        line[-1] * tokens / (last * widest))
 
     def verify(self, num_rows: int, width: int) -> float:
         """Seconds of a padded verify forward of ``num_rows`` rows × ``width`` tokens."""
