@@ -48,8 +48,9 @@ class SpeculationMemory:
         found the drafter not worth probing must not stop calls without them from drafting (a benchmark's
         drafter-only arm, sharing the fused arm's scheduler, drafted 3 of 187 rounds where alone it drafted most)."""
         with self.lock:
-            # generate calls come and go: a drafter that keeps not paying is probed less and less often
-            return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy(probe_backoff=2.0))
+            # generate calls come and go: a drafter that keeps not paying is probed less and less often (the
+            # policy's default back-off)
+            return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy())
 
     def prefix_key(self, scope: str, drafter) -> tuple[str, int]:
         """Prefix-cache entries belong to a caller scope and to the drafter whose context they hold."""

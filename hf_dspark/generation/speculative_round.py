@@ -234,6 +234,8 @@ class SpeculativeRound:
             drafter_rows = ~use_lookup & (block is not None)
             lookup_len = np.array([len(p) for p in plan.proposals], dtype=np.int64)
             max_lengths = np.where(use_lookup, lookup_len, np.where(drafter_rows, drafter_max, 0))
+            if block is None and not max_lengths.any():  # no proposal to verify in any row: a plain step, no walk
+                return [0] * rows, [NO_SOURCE] * rows, drafter_rows
             conf = combined_confidences(plan, confidence, drafter_rows, rows)
             chosen = self.policy.choose(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost, step=step,
                                         drafter_rows=drafter_rows, drafted=block is not None,

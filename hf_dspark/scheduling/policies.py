@@ -234,7 +234,8 @@ class ScheduledPolicy(VerifyPolicy):
     read a_{·,i ≤ j}, i.e. x_{r,<j} only. Before drafting, :meth:`wants_drafts` asks whether any width would beat
     plain decoding at the current load, using the mean survival per position of earlier steps (drafts already
     resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
-    probing again after ``probe_interval`` skipped steps so the estimate follows the traffic — but, once the
+    probing again after ``probe_interval`` skipped steps (twice as many after each probe that found drafting still
+    not paying: ``probe_backoff``) so the estimate follows the traffic — but, once the
     estimate rests on ``min_probe_evidence`` drafting rounds, only at a load where drafting would pay if the
     drafter's conditional acceptance were up to ``probe_headroom`` × the best it has shown: a probe costs a drafter
     pass, and at a load where even a much better drafter could not pay (a busy CPU engine) it can only lose. The
@@ -273,7 +274,7 @@ class ScheduledPolicy(VerifyPolicy):
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
                  calibration_decay: float = 0.995, calibration_prior: float = 16.0, objective: str = "padded",
-                 probe_backoff: float = 1.0, max_probe_interval: int = 1024, probe_headroom: float = 1.5,
+                 probe_backoff: float = 2.0, max_probe_interval: int = 1024, probe_headroom: float = 1.5,
                  speculation_margin: float = 1.05):
         if objective not in ("padded", "tokens"):
             raise ValueError(f"scheduled: objective must be 'padded' (the engine's padded verify step) or 'tokens' "
@@ -283,7 +284,10 @@ class ScheduledPolicy(VerifyPolicy):
             raise ValueError(f"scheduled: probe_backoff must be >= 1 and max_probe_interval >= probe_interval, got "
                              f"{probe_backoff}, {max_probe_interval}")
         # a probe that finds drafting still does not pay makes the next one come later (×probe_backoff, at most
-        # max_probe_interval skipped rounds); a round where drafting pays resets the interval
+        # max_probe_interval skipped rounds); a round where drafting pays resets the interval. Why 2 by default: at
+        # a load where drafting never pays (a 2-core CPU engine at 16 rows) each probe is a drafter pass and a wide
+        # verify that lose ~0.4 of a plain step; every 32 steps that is ~1 % of the engine's time for as long as the
+        # load lasts, with back-off it fades (32, 64, 128, ... skipped steps)
         self.probe_backoff, self.max_probe_interval = probe_backoff, max_probe_interval
         self._probe_every = probe_interval
         if not probe_headroom >= 1.0:

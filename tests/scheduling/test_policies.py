@@ -348,15 +348,21 @@ def test_padded_walk_is_non_anticipating():
 def test_wants_drafts_follows_load_and_probes():
     """Drafting 4 rows whose drafts survive 0.8 per position pays with a 1 ms drafter pass, not with a 0.35 s one
     (Θ 34 vs 38 tokens/s plain), though it would if the drafter did better (perfect drafts: 51): there the policy
-    skips the drafter and probes it after every 3 skipped steps."""
+    skips the drafter and probes it after 3 skipped steps, then after 6 (each probe that finds drafting still not
+    paying doubles the interval: ``probe_backoff``); a step where drafting pays resets it."""
     policy = make_policy("scheduled", probe_interval=3)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
     dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
     assert policy.wants_drafts(4, dear)  # nothing known yet: draft to learn the confidences
     learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
     assert policy.wants_drafts(4, cheap)
-    decisions = [policy.wants_drafts(4, dear) for _ in range(8)]
-    assert decisions == [False, False, False, True, False, False, False, True]  # a probe after 3 skipped steps
+    decisions = [policy.wants_drafts(4, dear) for _ in range(11)]
+    assert decisions == [False] * 3 + [True] + [False] * 6 + [True]  # probes after 3, then 6 skipped steps
+    assert policy.wants_drafts(4, cheap)  # drafting pays again: the interval is back to 3
+    assert [policy.wants_drafts(4, dear) for _ in range(4)] == [False, False, False, True]
+    fixed = make_policy("scheduled", probe_interval=3, probe_backoff=1.0)
+    learned(fixed, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
+    assert [fixed.wants_drafts(4, dear) for _ in range(8)] == [False, False, False, True] * 2
     # an SPS table (no step cost) gives no basis for skipping
     assert policy.wants_drafts(4, SPSProfile.from_user_table({1: 1.0}))
 
@@ -480,7 +486,7 @@ def test_no_probes_where_even_a_much_better_drafter_could_not_pay():
     hopeless = step_cost(verify_per_token=0.001, fixed=0.1, draft=10.0)
     marginal = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
     for headroom, probes_when_marginal in ((1.5, True), (1.0, False)):
-        policy = make_policy("scheduled", probe_interval=3, probe_headroom=headroom)
+        policy = make_policy("scheduled", probe_interval=3, probe_headroom=headroom, probe_backoff=1.0)
         learned(policy, torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), cheap)
         # one drafting round is no basis for never drafting again: until min_probe_evidence rounds, probes run
         assert sum(policy.wants_drafts(4, hopeless) for _ in range(8)) == 2
@@ -644,7 +650,7 @@ def test_probes_aim_at_the_best_the_drafter_has_shown():
     that never did better than 0.1 is not."""
     dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)  # pays with perfect drafts, not with 0.8
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
-    was_good, never_good = make_policy("scheduled", probe_interval=3), make_policy("scheduled", probe_interval=3)
+    was_good, never_good = (make_policy("scheduled", probe_interval=3, probe_backoff=1.0) for _ in range(2))
     for policy, first in ((was_good, 0.8), (never_good, 0.1)):
         for conf in [first] * 20 + [0.1] * 60:
             policy.choose(torch.full((4, 5), conf, dtype=torch.float64), torch.full((4,), 5), cheap)
