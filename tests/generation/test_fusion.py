@@ -143,6 +143,24 @@ def test_expensive_verification_falls_back_to_plain_decoding(target, draft):
     assert stats.by_source["none"].rounds >= stats.rounds - ScheduledPolicy.min_learning_rounds
 
 
+def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkeypatch):
+    """Lookup on, no row with a proposal, the drafter not worth its pass: the round is a plain step decided without
+    walking the widths (host work every step of a busy engine); the output is still plain greedy."""
+    forget(target)
+    monkeypatch.setattr(LookupProposer, "propose", lambda self, row_ids, max_tokens=None: [LookupProposal()] * len(
+        row_ids))
+    walks = []
+    choose = ScheduledPolicy.choose
+    monkeypatch.setattr(ScheduledPolicy, "choose", lambda self, *a, **k: walks.append(1) or choose(self, *a, **k))
+    rows, widths = (1, 2, 4), tuple(range(1, 25))
+    linear = StepCostProfile(rows, widths, tuple(tuple(0.01 * w * r for w in widths) for r in rows),
+                             tuple(0.05 for _ in rows))
+    expected = plain(target, PROMPT, do_sample=False, max_new_tokens=16)
+    got = plain(target, PROMPT, do_sample=False, max_new_tokens=16, assistant_model=draft, dspark_step_cost=linear)
+    assert torch.equal(got, expected)
+    assert len(walks) <= ScheduledPolicy.min_learning_rounds < 10 <= draft.stats.rounds  # drafting rounds only
+
+
 def test_history_is_shared_only_within_a_scope(target, draft):
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
