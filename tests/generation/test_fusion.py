@@ -128,15 +128,21 @@ def test_lookup_can_be_turned_off(target, draft):
     assert "lookup" not in draft.stats.by_source
 
 
-def test_expensive_verification_falls_back_to_plain_decoding(target, draft):
-    """Where every verified token costs as much as a plain step, neither proposer can pay: plain rounds only."""
-    forget(target)
+def assert_plain_greedy_where_verifying_is_dear(target, draft) -> None:
+    """16 tokens of PROMPT through generate with the drafter where every verified token costs as much as a plain
+    step (and a drafter pass half of one): the output must equal plain greedy."""
     rows, widths = (1, 2, 4), tuple(range(1, 25))
     linear = StepCostProfile(rows, widths, tuple(tuple(0.01 * w * r for w in widths) for r in rows),
                              tuple(0.05 for _ in rows))
     expected = plain(target, PROMPT, do_sample=False, max_new_tokens=16)
     got = plain(target, PROMPT, do_sample=False, max_new_tokens=16, assistant_model=draft, dspark_step_cost=linear)
     assert torch.equal(got, expected)
+
+
+def test_expensive_verification_falls_back_to_plain_decoding(target, draft):
+    """Where every verified token costs as much as a plain step, neither proposer can pay: plain rounds only."""
+    forget(target)
+    assert_plain_greedy_where_verifying_is_dear(target, draft)
     # the first rounds draft to learn the drafter's acceptance (ScheduledPolicy.min_learning_rounds); then plain
     # rounds only
     stats = draft.stats
@@ -152,12 +158,7 @@ def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkey
     walks = []
     choose = ScheduledPolicy.choose
     monkeypatch.setattr(ScheduledPolicy, "choose", lambda self, *a, **k: walks.append(1) or choose(self, *a, **k))
-    rows, widths = (1, 2, 4), tuple(range(1, 25))
-    linear = StepCostProfile(rows, widths, tuple(tuple(0.01 * w * r for w in widths) for r in rows),
-                             tuple(0.05 for _ in rows))
-    expected = plain(target, PROMPT, do_sample=False, max_new_tokens=16)
-    got = plain(target, PROMPT, do_sample=False, max_new_tokens=16, assistant_model=draft, dspark_step_cost=linear)
-    assert torch.equal(got, expected)
+    assert_plain_greedy_where_verifying_is_dear(target, draft)
     assert len(walks) <= ScheduledPolicy.min_learning_rounds < 10 <= draft.stats.rounds  # drafting rounds only
 
 
