@@ -187,6 +187,7 @@ class StepCostProfile:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_verify", values)
         object.__setattr__(self, "_sps", None)
+        object.__setattr__(self, "_widths_at", {})  # num_rows -> verify_widths(num_rows) (the table never changes)
 
     # ---- lookup ------------------------------------------------------------------------------------------
     def _at_rows(self, column: Sequence[float], num_rows: int) -> float:
@@ -195,12 +196,20 @@ class StepCostProfile:
         return float(value) * max(num_rows / self.rows[-1], 1.0)
 
     def verify_widths(self, num_rows: int) -> np.ndarray:
-        """Verify seconds for ``num_rows`` rows at every width widths[0]..widths[-1] (index = width − widths[0])."""
+        """Verify seconds for ``num_rows`` rows at every width widths[0]..widths[-1] (index = width − widths[0]),
+        read-only. Computed once per row count: the scheduler asks for it several times in every step."""
+        cached = self._widths_at.get(num_rows)  # type: ignore[attr-defined]
+        if cached is not None:
+            return cached
         all_widths = np.arange(self.widths[0], self.widths[-1] + 1)
         if num_rows > self.rows[-1]:
-            return self._beyond_rows(num_rows, all_widths)
-        measured = [self._at_rows(self._verify[:, k], num_rows) for k in range(len(self.widths))]  # type: ignore
-        return np.interp(all_widths, self.widths, measured)
+            seconds = self._beyond_rows(num_rows, all_widths)
+        else:
+            measured = [self._at_rows(self._verify[:, k], num_rows) for k in range(len(self.widths))]  # type: ignore
+            seconds = np.interp(all_widths, self.widths, measured)
+        seconds.flags.writeable = False
+        self._widths_at[num_rows] = seconds  # type: ignore[attr-defined]
+        return seconds
 
     def _beyond_rows(self, num_rows: int, widths: np.ndarray) -> np.ndarray:
         """A row count past the last measured one, priced by its tokens: a padded verify of R × W tokens runs its
