@@ -205,6 +205,25 @@ def test_grouped_prefill_outputs_and_first_token_finishes(target, draft, prompts
         assert engine.engine_metrics.prefill_forwards == 1
 
 
+def test_prompts_of_very_different_lengths_are_prefilled_in_separate_groups(target, draft):
+    """Padding costs as much as a prompt token: three short prompts share one forward, the long one runs alone,
+    and every output still equals plain greedy."""
+    prompts = random_prompts(3, seed=4, low=10, high=13) + random_prompts(1, seed=5, low=60, high=61)
+    engine = make_engine(target, draft, "fixed", max_prefill_tokens=1024)
+    handles = [engine.submit(prompt, max_new_tokens=6) for prompt in prompts]
+    engine._take_incoming()
+    with engine._feature_tap() as tap:
+        engine._admit()
+        joining = engine._prefill(tap)
+    assert engine.engine_metrics.prefill_forwards == 2
+    assert sorted(len(group.requests) for group in joining) == [1, 3]
+    engine._batch.join(joining)
+    while engine.step():
+        pass
+    for handle, prompt in zip(handles, prompts):
+        assert handle.result().token_ids == plain_greedy(target, prompt, 6)
+
+
 def test_submissions_from_other_threads_during_steps(target, draft, prompts, continuations, monkeypatch):
     monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, continuations))
     engine = make_engine(target, draft, max_running_requests=6)
