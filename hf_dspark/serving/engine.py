@@ -7,7 +7,7 @@ model forwards, the drafter's ``draft_block`` and the one ``verify`` routine tha
 
 One engine step (paper Algorithm 1 around it):
 
-    admit waiting requests within the slot budget -> prefill them (short prompts together, long ones chunked)
+    admit waiting requests within the slot budget -> prefill them (similar lengths together, long ones chunked)
       -> stack onto the batch
     draft γ tokens for every running request                      (one batched drafter pass)
     ℓ_r = policy.choose(calibrated confidences c_{r,j}, drafts available, SPS(B))     (load-aware lengths)

@@ -1,10 +1,10 @@
 """Admission and prefill of the engine's requests (a part of :class:`~hf_dspark.serving.engine.DSparkEngine`).
 
 Requests are admitted first come, first served while the padded reservation fits, and prefilled with their own
-caches until they join the running batch: short prompts together in one left-padded forward, long ones in chunks
-across steps. A request resuming after a failed decode step prefills its prompt and committed tokens with its last
-token as the anchor again. A prefill that fails fails only its own request: nothing of the running requests is
-touched.
+caches until they join the running batch: prompts of similar length together in one left-padded forward, long
+ones in chunks across steps. A request resuming after a failed decode step prefills its prompt and committed tokens
+with its last token as the anchor again. A prefill that fails fails only its own request: nothing of the running
+requests is touched.
 """
 
 from __future__ import annotations
