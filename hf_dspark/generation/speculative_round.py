@@ -2,9 +2,8 @@
 and leaving): propose → choose per-row widths → one target forward → verify → extend the drafter context.
 
     drafts, c    = drafter.draft_block(context, anchors)            (skipped when the policy says it cannot pay;
-                                                                    only the slots a step at this load could
-                                                                    verify; a block drafter projects the deferred
-                                                                    context in this pass, an Eagle3 one before it)
+                                                                    a block drafter projects the deferred context
+                                                                    in this pass, an Eagle3 one before it)
     ℓ_r          = policy.choose(c, min(drafts_r, budget_r - 1))   (host; read 1: drafts proposed + confidences)
     p            = target([anchor_r, x_r,1..ℓ_r] for every row)      (one padded forward, width 1 + max ℓ)
     accepted     = verify(x, ℓ, p, q)                              (greedy matching or rejection sampling)
@@ -117,19 +116,16 @@ class SpeculativeRound:
         # step-time ratios (it would make a drafter that runs rarely look dearer the more rarely it runs).
         backlog = self.drafter is not None and batch.num_deferred_steps > 1  # projected below if the drafter runs
         plan = self._plan(rows, budgets, cost, row_ids, any_sampled)
-        block, proposed, confidence, truncated_to = None, np.zeros(rows, dtype=np.int64), None, None
+        block, proposed, confidence = None, np.zeros(rows, dtype=np.int64), None
         projected_backlog = backlog and plan.run_drafter
         if plan.run_drafter:
-            useful = self.policy.useful_drafts(rows, cost, sampled=any_sampled)
-            slots = self.max_drafts if useful is None else min(useful, self.max_drafts)
             block, proposed, confidence = self._draft(batch, processor, any_sampled, modes if per_row else None,
-                                                      generator, slots)
-            truncated_to = slots if slots < self.max_drafts else None
+                                                      generator)
             if plan.proposals is not None and confidence is not None:
                 plan.use_lookup = self.policy.refine_sources(confidence, plan.lookup_confidences, plan.use_lookup,
                                                              switchable=~np.asarray(modes, dtype=bool))
         lengths, sources, drafter_rows = self._choose(plan, block, proposed, confidence, budgets, cost, step,
-                                                      any_sampled, truncated_to)
+                                                      any_sampled)
         width = 1 + max(lengths, default=0)
         drafts, probs = assemble_drafts(block, plan, lengths, sources, width, batch.anchors, self.vocab_size,
                                         any_sampled)
@@ -195,8 +191,8 @@ class SpeculativeRound:
                                                            sampled=sampled, caps=caps)
         return RoundPlan(bool(run_drafter), proposals, confidences, np.asarray(use_lookup, dtype=bool))
 
-    def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator, num_tokens: int):
-        """Draft ``num_tokens`` slots for every row in one pass and read what the policy needs (read 1)."""
+    def _draft(self, batch: RaggedBatch, processor, any_sampled: bool, modes, generator):
+        """Draft for every row in one pass and read what the policy needs (read 1)."""
         new_context = None
         if self.fuses_context:
             new_context = batch.take_context()
@@ -205,7 +201,7 @@ class SpeculativeRound:
         else:
             batch.flush_context(self.drafter)
         block = self.drafter.draft_block(batch.draft_cache, batch.anchors, batch.anchor_positions,
-                                         num_tokens=num_tokens, do_sample=any_sampled,
+                                         num_tokens=self.max_drafts, do_sample=any_sampled,
                                          logits_processor=processor, generator=generator if any_sampled else None,
                                          confidence_threshold=self.policy.draft_threshold(),
                                          greedy_rows=None if modes is None else [not m for m in modes],
@@ -219,9 +215,8 @@ class SpeculativeRound:
         return block, block.num_drafts.cpu().numpy().astype(np.int64), None  # read 1
 
     def _choose(self, plan: RoundPlan, block, proposed: np.ndarray, confidence, budgets, cost, step,
-                any_sampled: bool, truncated_to: int | None = None):
-        """ℓ_r for every row (never more than its source proposes or its budget allows) and each row's source.
-        ``truncated_to``: the drafter drafted only that many slots on the policy's word (``useful_drafts``)."""
+                any_sampled: bool):
+        """ℓ_r for every row (never more than its source proposes or its budget allows) and each row's source."""
         rows = len(budgets)
         caps = np.maximum(np.asarray(budgets, dtype=np.int64) - 1, 0)
         drafter_max = np.minimum(proposed, caps) if block is not None else np.zeros(rows, dtype=np.int64)
@@ -230,8 +225,6 @@ class SpeculativeRound:
                 return [0] * rows, [NO_SOURCE] * rows, np.zeros(rows, dtype=bool)
             # host tensors (CPU: no device traffic); policies read them as numpy
             extra = {"all_greedy": not any_sampled} if self.policy.supports_lookup else {}
-            if truncated_to is not None:
-                extra["drafted_slots"] = truncated_to
             chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
                                         torch.from_numpy(drafter_max), cost, step=step, **extra)
             drafter_rows = np.ones(rows, dtype=bool)
@@ -246,8 +239,7 @@ class SpeculativeRound:
             conf = combined_confidences(plan, confidence, drafter_rows, rows)
             chosen = self.policy.choose(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost, step=step,
                                         drafter_rows=drafter_rows, drafted=block is not None,
-                                        all_greedy=not any_sampled,
-                                        **({} if truncated_to is None else {"drafted_slots": truncated_to}))
+                                        all_greedy=not any_sampled)
         chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
         lengths = [int(x) for x in chosen]
         sources = [NO_SOURCE if n == 0 else DRAFTER if drafter_rows[r] else LOOKUP for r, n in enumerate(lengths)]

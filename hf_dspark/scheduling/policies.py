@@ -90,12 +90,6 @@ class VerifyPolicy:
         budget less the bonus token; None: no limit)."""
         return True
 
-    def useful_drafts(self, num_requests: int, cost: "StepCostProfile | SPSProfile | None", *,
-                      sampled: bool = False) -> int | None:
-        """Drafts per row worth drafting this round, known before drafting (None: as many as the policy may
-        verify). Slots past it could not be chosen at this load, so the drafter spends no LM head on them."""
-        return None
-
     def observe(self, confidences, lengths, num_accepted) -> None:
         """One round's outcome: ℓ_r verified drafts of which the first ``num_accepted_r`` were accepted."""
 
@@ -342,15 +336,13 @@ class ScheduledPolicy(VerifyPolicy):
     supports_lookup = True
 
     def choose(self, confidences, max_lengths, sps, *, step=None, drafter_rows=None,
-               drafted: bool = True, all_greedy: bool = False, drafted_slots: int | None = None) -> torch.Tensor:
+               drafted: bool = True, all_greedy: bool = False) -> torch.Tensor:
         """``drafter_rows`` [R] bool: rows whose confidences come from the drafter (online-corrected and
         remembered as the drafter's survival); other rows carry already-calibrated lookup confidences.
         ``drafted``: the drafter ran this round (its cost is part of every width's step time). ``all_greedy``:
         no row samples, so any width is verified exactly and the padded walk takes the best width outright
         instead of stopping at the first one that does not improve Θ (the break is what keeps *sampling*
-        lossless; on a CPU the cost of 2-3 verified tokens is a dip the break would never get past).
-        ``drafted_slots``: the drafter drafted only this many slots (:meth:`useful_drafts`); its survival past
-        them was not observed, and the estimate keeps what it knew there."""
+        lossless; on a CPU the cost of 2-3 verified tokens is a dip the break would never get past)."""
         lengths = _as_lengths(max_lengths)
         num_requests = lengths.size
         conf = fill_confidences(confidences, lengths, missing=self.missing_confidence)
@@ -359,7 +351,7 @@ class ScheduledPolicy(VerifyPolicy):
             conf[rows] = self.calibrated(conf[rows])
         survival = prefix_survival(conf)
         if rows.any() and survival.shape[1]:
-            self._remember(survival[rows], observed=drafted_slots)
+            self._remember(survival[rows])
         if self.objective == "padded" and _is_step_cost(sps):
             return _as_result(self._choose_width(survival, lengths, sps, drafted, all_greedy), max_lengths)
         rows, _, values = admission_order(survival)
@@ -437,24 +429,6 @@ class ScheduledPolicy(VerifyPolicy):
             return use_lookup, True  # a probe: refresh the drafter's estimate
         self._note_decision(pays)
         return (use_lookup if pays else expected_lookup > 0), pays
-
-    def useful_drafts(self, num_requests: int, cost, *, sampled: bool = False) -> int | None:
-        """The widest padded step worth verifying at this load if every row drafted as well as the drafter
-        plausibly can (:meth:`_optimistic_survival`, what probes aim at), at least 1: wider slots cost the drafter
-        its LM head and sequential head per slot and would not be chosen. At one row it is the whole block; at 16
-        rows on a CPU, where a verified token costs ~0.8 of a plain one, one or two slots. None while the
-        drafter's acceptance rests on its first learning rounds. Decided from resolved rounds only: lossless."""
-        if (self.mean_survival is None or self._survival_rounds < self.min_learning_rounds
-                or not _is_step_cost(cost) or num_requests < 1):
-            return None
-        gamma = min(self.mean_survival.size, cost.max_width - 1)
-        factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_requests)
-
-        def best_width(survival: np.ndarray) -> int:
-            rows = self._row_survival(survival, num_requests, None)[:, :gamma]
-            return int(np.argmax(padded_width_path(rows, cost, step_factors=factors)))
-
-        return max(1, best_width(self._optimistic_survival()), best_width(self.mean_survival))
 
     @staticmethod
     def _row_survival(survival: np.ndarray, num_rows: int, caps: np.ndarray | None) -> np.ndarray:
@@ -544,18 +518,13 @@ class ScheduledPolicy(VerifyPolicy):
         self._realised = decay * self._realised + realised
         self._reached = decay * self._reached + reached.sum(axis=0)
 
-    def _remember(self, survival: np.ndarray, observed: int | None = None) -> None:
+    def _remember(self, survival: np.ndarray) -> None:
         """The drafter's mean survival per position: a plain mean of its first 1/(1 − momentum) drafting rounds,
-        a decayed mean after (one round of one row is a noisy estimate to start from). ``observed``: only the
-        first positions were drafted; the estimate past them is left as it was (unobserved is not zero, and a
-        short block at a busy load must not talk the estimate out of ever drafting longer ones again)."""
+        a decayed mean after (one round of one row is a noisy estimate to start from)."""
         mean = survival.mean(axis=0)
         if self.mean_survival is None:
             self.mean_survival, self._survival_rounds, self._best_survival = mean, 1, None
             return
-        if observed is not None and observed < self.mean_survival.size:
-            mean = np.concatenate([_zero_padded(mean, self.mean_survival.size)[:observed],
-                                   self.mean_survival[observed:]])
         # a round's width is that of its widest proposal (a long lookup proposal in the batch widens the drafter's
         # rows with zeros): the drafter's survival is zero past its block, so widths align by zero padding (a
         # width change once restarted the estimate, and with lookup in the batch it never left its learning rounds)

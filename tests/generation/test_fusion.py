@@ -162,26 +162,6 @@ def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkey
     assert len(walks) <= ScheduledPolicy.min_learning_rounds < 10 <= draft.stats.rounds  # drafting rounds only
 
 
-def test_the_drafter_drafts_only_the_slots_the_policy_could_verify(target, draft, monkeypatch):
-    """A policy that bounds the useful drafts (a busy load: ``useful_drafts``) gets a block that long from the
-    drafter, is told so when it learns from it, and the output is still plain greedy."""
-    forget(target)
-    monkeypatch.setattr(ScheduledPolicy, "useful_drafts", lambda self, rows, cost, sampled=False: 2)
-    slots, told = [], []
-    draft_block = DSparkDraftModel.draft_block
-    monkeypatch.setattr(DSparkDraftModel, "draft_block",
-                        lambda self, *a, **k: slots.append(k["num_tokens"]) or draft_block(self, *a, **k))
-    choose = ScheduledPolicy.choose
-    monkeypatch.setattr(ScheduledPolicy, "choose",
-                        lambda self, *a, **k: told.append(k.get("drafted_slots")) or choose(self, *a, **k))
-    expected = plain(target, PROMPT, do_sample=False, max_new_tokens=16)
-    got = plain(target, PROMPT, do_sample=False, max_new_tokens=16, assistant_model=draft, dspark_lookup=False,
-                dspark_step_cost=flat_cost())
-    assert torch.equal(got, expected)
-    assert slots and set(slots) == {2} < set(range(draft.config.block_size + 1))
-    assert told and set(told) == {2}
-
-
 def test_history_is_shared_only_within_a_scope(target, draft):
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())

@@ -687,33 +687,3 @@ def test_an_under_confident_head_is_corrected_within_a_few_dozen_drafts():
     realised, predicted, prior = 12.0, 0.2 * 32, 16 * 0.2
     assert factor[0] == pytest.approx((realised + prior) / (predicted + prior), rel=0.02) and factor[0] > 1.5
     assert factor[1:].tolist() == [1.0, 1.0]  # never reached
-
-
-def test_useful_drafts_shrink_with_load_and_wait_for_the_learning_rounds():
-    """Before drafting, the policy bounds the slots worth drafting: none while its estimate rests on the learning
-    rounds; the whole block at one row where verifying is nearly free; one slot at 8 rows where every verified
-    token costs as much as a plain one (the drafter then spends its LM head on one slot, not five) — even for a
-    drafter accepting half as often again as this one (the probes' headroom)."""
-    cost = step_cost(verify_per_token=0.01, fixed=0.05, draft=0.005, rows=(1, 8), max_width=6)
-    policy = make_policy("scheduled")
-    conf = torch.full((1, 5), 0.5, dtype=torch.float64)
-    assert policy.useful_drafts(1, cost) is None
-    learned(policy, conf, torch.full((1,), 5), cost)
-    assert policy.useful_drafts(1, step_cost(verify_per_token=0.0, fixed=0.05, draft=0.005, max_width=6)) == 5
-    assert policy.useful_drafts(8, step_cost(verify_per_token=0.05, fixed=0.0, draft=0.005, rows=(1, 8),
-                                             max_width=6)) == 1
-    assert make_policy("fixed").useful_drafts(8, cost) is None  # cost-blind policies draft their whole block
-
-
-def test_a_short_block_leaves_the_estimate_past_it_alone():
-    """Rounds that drafted only the first slot (a busy load) update the drafter's survival there and nowhere else:
-    unobserved is not zero, or one busy stretch would talk the policy out of ever drafting long blocks again."""
-    cost = step_cost(verify_per_token=0.01, fixed=0.1, draft=0.01)
-    policy = learned(make_policy("scheduled"), torch.full((2, 5), 0.8, dtype=torch.float64), torch.full((2,), 5),
-                     cost)
-    before = policy.mean_survival.copy()
-    for _ in range(20):
-        policy.choose(torch.full((2, 1), 0.3, dtype=torch.float64), torch.full((2,), 1), cost, drafted_slots=1)
-    assert policy.mean_survival.size == before.size
-    assert policy.mean_survival[0] < 0.4 < before[0]
-    assert policy.mean_survival[1:] == pytest.approx(before[1:])
