@@ -39,11 +39,10 @@ class _Prefill:
     resuming: bool = False
 
 
-
 # Padding a group may add, beyond which its prompts are prefilled apart: a quarter of its prompt tokens, or for short
-# prompts the tokens one more forward's fixed cost is worth. Measured with SmolLM2-135M on 2 CPU cores: a padded
-# token costs as much as a prompt token (more in wide groups: 8 prompts padded 1.5× ran 1.2-1.3× slower than one
-# by one), while 4 prompts of 53-87 tokens together took 0.72× their separate forwards.
+# prompts the tokens one more forward's fixed cost is worth. Measured with SmolLM2-135M on 2 CPU cores (AVX-512): a
+# padded token costs as much as a prompt token (8 prompts padded 1.5-1.6× ran 1.03-1.33× slower than one by one),
+# while 4 prompts of 53-87 tokens together took 0.72× their separate forwards.
 MAX_PADDING_FRACTION = 0.25
 PADDING_PER_EXTRA_ROW = 16
 
