@@ -26,64 +26,22 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hf_dspark.evaluation.agent_script import (INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS,  # noqa: F401 (re-exported)
+                                               ScriptedTurn, step_message)
 from hf_dspark.generation.chat import ChatSession
 from hf_dspark.loading import load_drafter, load_target
 
 logger = logging.getLogger("bench_agent_loop")
 
-SYSTEM_PROMPT = (
-    "You are an assistant that can call tools. Tools: get_weather(city), search_docs(query), "
-    "calculator(expression), get_calendar(date), convert_currency(amount, source, target). To call a tool, reply "
-    'with only a JSON object: {"tool": "<name>", "arguments": {...}}. After a tool result, use it to answer.')
-
-
-@dataclass(frozen=True)
-class ScriptedTurn:
-    user: str
-    tool: str
-    result: dict
-
-
-TURNS = [
-    ScriptedTurn("What's the weather in Paris tomorrow? Should I pack an umbrella?", "get_weather",
-                 {"city": "Paris", "forecast": "rain showers", "high_c": 14, "low_c": 8, "precip_prob": 0.7}),
-    ScriptedTurn("How many days until my dentist appointment?", "get_calendar",
-                 {"today": "2026-03-02", "events": [{"date": "2026-03-12", "title": "Dentist", "time": "09:30"}]}),
-    ScriptedTurn("Convert 250 euros to US dollars.", "convert_currency",
-                 {"amount": 250, "source": "EUR", "target": "USD", "rate": 1.08, "result": 270.0}),
-    ScriptedTurn("What is 17% of 2,340, rounded to the nearest whole number?", "calculator",
-                 {"expression": "0.17 * 2340", "value": 397.8}),
-    ScriptedTurn("Find the docs on how to reset my router password.", "search_docs",
-                 {"query": "reset router password", "top_result": "Hold the reset button for 10 seconds, then log in "
-                  "at 192.168.1.1 with admin/admin and set a new password under Security."}),
-    ScriptedTurn("Is it warmer in Madrid than in Paris tomorrow?", "get_weather",
-                 {"city": "Madrid", "forecast": "sunny", "high_c": 21, "low_c": 11, "precip_prob": 0.05}),
-    ScriptedTurn("What do I have on my calendar on March 12?", "get_calendar",
-                 {"date": "2026-03-12", "events": [{"time": "09:30", "title": "Dentist"},
-                                                   {"time": "14:00", "title": "Team sync"}]}),
-    ScriptedTurn("Split a 86.40 dollar bill between 3 people.", "calculator",
-                 {"expression": "86.40 / 3", "value": 28.8}),
-]
-
-# step -> max new tokens; the four generations of one agent turn, in order
-STEPS = {"plan": 48, "tool_call": 40, "read": 40, "answer": 64}
-INSTRUCTIONS = {"tool_call": "Call the right tool now. Reply with only the JSON object.",
-                "answer": "Now give me the final answer in one or two sentences."}
-
 
 def step_messages(session: ChatSession, step: str, turn: ScriptedTurn) -> None:
-    """The message(s) an agent loop adds before generating ``step``."""
-    if step == "plan":
-        session.add_message("user", turn.user)
-    elif step == "read":
-        session.add_message("tool", json.dumps({"tool": turn.tool, "result": turn.result}))
-    else:
-        session.add_message("user", INSTRUCTIONS[step])
+    """The message an agent loop adds before generating ``step`` (the script lives in the package:
+    ``hf_dspark.evaluation.agent_script``)."""
+    session.add_message(**step_message(step, turn))
 
 
 def timed_reply(session: ChatSession, max_new_tokens: int):

@@ -36,15 +36,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_agent_loop import INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS  # noqa: E402
-
-from hf_dspark.cpu_kernels import loop_kernels  # noqa: E402
-from hf_dspark.evaluation.benchmarks import default_eval_dir  # noqa: E402
-from hf_dspark.evaluation.heldout import read_heldout  # noqa: E402
-from hf_dspark.loading import load_drafter, load_target  # noqa: E402
-from hf_dspark.serving import DSparkEngine  # noqa: E402
-from hf_dspark.training.prompts import read_prompts  # noqa: E402
+from hf_dspark.cpu_kernels import loop_kernels
+from hf_dspark.evaluation.agent_script import STEPS, SYSTEM_PROMPT, TURNS, step_message
+from hf_dspark.evaluation.benchmarks import default_eval_dir
+from hf_dspark.evaluation.heldout import read_heldout
+from hf_dspark.loading import load_drafter, load_target
+from hf_dspark.serving import DSparkEngine
+from hf_dspark.training.prompts import read_prompts
 
 logger = logging.getLogger("bench_fusion")
 CATEGORIES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
@@ -165,12 +163,7 @@ def agent_loop(runner: Runner, num_turns: int) -> None:
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     for turn in (TURNS * (1 + num_turns // len(TURNS)))[:num_turns]:
         for step, max_new in STEPS.items():
-            if step == "plan":
-                messages.append({"role": "user", "content": turn.user})
-            elif step == "read":
-                messages.append({"role": "tool", "content": json.dumps({"tool": turn.tool, "result": turn.result})})
-            else:
-                messages.append({"role": "user", "content": INSTRUCTIONS[step]})
+            messages.append(step_message(step, turn))
             reply = runner.run("agent loop", messages, max_new)
             messages.append({"role": "assistant",
                              "content": runner.tokenizer.decode(reply, skip_special_tokens=True)})

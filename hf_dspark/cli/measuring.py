@@ -278,6 +278,11 @@ def add_serve_bench(sub) -> None:
                    help="steps: the policies of one concurrency level run in lock-step, one engine step each in "
                         "turn, each timed on its own clock (a shared machine's drift hits all alike); runs: one "
                         "policy's run after another")
+    p.add_argument("--workload", choices=("prompts", "agents"), default="prompts",
+                   help="prompts: the benchmarks' first turns, C requests in flight; agents: C scripted tool-calling "
+                        "agents (hf_dspark.evaluation.agent_script), each sending its next generation on its growing "
+                        "conversation as soon as the last one is answered, one lookup scope per agent")
+    p.add_argument("--agent-turns", type=int, default=2, help="user turns per agent (4 generations each)")
     p.add_argument("--out", default="runs/bench_serving")
     p.set_defaults(func=cmd_serve_bench, default_log_level="info")
 
@@ -308,12 +313,14 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature,
         repeats=args.repeats, max_prefill_tokens=args.max_prefill_tokens, cpu_linears=not args.stock_linears,
-        interleave=args.interleave)
-    prompts = serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark, args.max_prompts,
-                              args.max_prompt_tokens)
+        interleave=args.interleave, workload=args.workload, agent_turns=args.agent_turns)
+    prompts = [] if args.workload == "agents" else serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark,
+                                                                   args.max_prompts, args.max_prompt_tokens)
     gamma = drafter.model.config.block_size
     target_name = args.target or "HuggingFaceTB/SmolLM2-135M-Instruct (embedded, fp32)"
-    print(f"target {target_name}, drafter: {drafter.source}; {len(prompts)} prompts, policies "
+    stream = (f"{len(prompts)} prompts" if args.workload == "prompts" else
+              f"C scripted agents × {args.agent_turns} turns × 4 generations")
+    print(f"target {target_name}, drafter: {drafter.source}; {stream}, policies "
           f"{list(settings.policies)}, concurrency {list(settings.levels)}", flush=True)
     # the engine's real step on this machine: drafter pass for R requests + padded verify of R rows × W tokens
     sps = None
@@ -325,7 +332,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
                                     max_width=1 + max(gamma, LONG_MATCH_TOKENS), repeats=args.sps_repeats,
                                     cache_dir=sps_cache_dir)
     DSparkEngine(target, drafter.model, "fixed", sps=sps, cpu_linears=settings.cpu_linears).generate(
-        [prompts[0][1]], 4)  # warm-up, not measured
+        [prompts[0][1] if prompts else tokenizer("Hello")["input_ids"]], 4)  # warm-up, not measured
     results = run_serving_bench(target, drafter.model, tokenizer, prompts, sps, settings,
                                 sps_cache_dir=sps_cache_dir)
     summary = median_over_repeats(results)
@@ -335,7 +342,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
               "block_size": gamma, "threads": args.threads, "prepack": args.prepack,
               "cpu_linears": settings.cpu_linears, "torch": torch.__version__,
               "max_new_tokens": args.max_new_tokens, "min_new_tokens": args.min_new_tokens,
-              "temperature": args.temperature, "num_prompts": len(prompts),
+              "temperature": args.temperature, "num_prompts": len(prompts), "workload": args.workload,
+              "agent_turns": args.agent_turns if args.workload == "agents" else None,
               "repeats": args.repeats, "interleave": args.interleave,
               "step_cost": sps.to_dict() if sps is not None else "measured by each engine",
               "summary": summary, "results": results}

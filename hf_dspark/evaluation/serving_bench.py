@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..generation.memory import LONG_MATCH_TOKENS
 from ..serving import DSparkEngine
 from ..training.prompts import read_prompts
+from .agent_script import STEPS, ScriptedAgent, render_ids
 from .benchmarks import benchmark_path
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
@@ -47,6 +48,10 @@ class ServingBenchSettings:
     max_prefill_tokens: int = 2048
     cpu_linears: bool = True  # every engine's ``cpu_linears`` (the skinny CPU kernel; False: stock F.linear)
     interleave: str = "steps"  # "steps": the policies of a level in lock-step (ClosedLoop); "runs": one by one
+    #: "prompts": benchmark first turns (``ClosedLoop``); "agents": C scripted tool-calling agents
+    #: (``AgentClosedLoop``), ``agent_turns`` user turns of 4 generations each
+    workload: str = "prompts"
+    agent_turns: int = 2
 
 
 def parse_policy(label: str, threshold: float) -> tuple[str, dict, dict]:
@@ -72,9 +77,7 @@ def serving_prompts(tokenizer, eval_dir, per_benchmark: int, max_prompts: int | 
     for name in BENCHMARKS:
         rows = []
         for prompt in read_prompts(benchmark_path(name, eval_dir)):
-            encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt.first_turn}],
-                                                    add_generation_prompt=True, tokenize=True)
-            ids = list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+            ids = render_ids(tokenizer, [{"role": "user", "content": prompt.first_turn}])
             if len(ids) <= max_prompt_tokens:
                 rows.append((name, ids))
             if len(rows) == per_benchmark:
@@ -119,14 +122,8 @@ class ClosedLoop:
     def advance(self) -> None:
         """Top the loop up to ``concurrency`` requests, run one engine step, collect what finished."""
         start = time.perf_counter()
-        while len(self.inflight) < self.concurrency and self.submitted < self.num_requests:
-            _, ids = self.prompts[self.submitted % len(self.prompts)]
-            handle = self.engine.submit(ids, request_length(self.submitted, self.min_new_tokens,
-                                                            self.max_new_tokens), **self.sampling)
-            self.inflight.append((self.submitted, handle, self.clock + time.perf_counter() - start))
-            self.submitted += 1
-        if (self.full_load is None and self.submitted >= self.num_requests
-                and len(self.inflight) < self.concurrency):
+        self._top_up(lambda: self.clock + time.perf_counter() - start)
+        if self.full_load is None and len(self.inflight) < self.concurrency:  # a slot idles: nothing left to send
             tokens = sum(len(out.token_ids) for out in self.outputs.values())
             self.full_load = (self.clock, tokens + sum(len(h.token_ids) for _, h, _ in self.inflight))
         self.engine.step()
@@ -138,9 +135,22 @@ class ClosedLoop:
             if handle.done():
                 self.outputs[index] = handle.result()
                 self.finished_at[index] = self.clock - submitted_at
+                self._finished(index, self.outputs[index])
             else:
                 still.append((index, handle, submitted_at))
         self.inflight = still
+
+    def _top_up(self, now) -> None:
+        """Submit requests until ``concurrency`` are in flight or the stream is exhausted (``now()``: the clock)."""
+        while len(self.inflight) < self.concurrency and self.submitted < self.num_requests:
+            _, ids = self.prompts[self.submitted % len(self.prompts)]
+            handle = self.engine.submit(ids, request_length(self.submitted, self.min_new_tokens,
+                                                            self.max_new_tokens), **self.sampling)
+            self.inflight.append((self.submitted, handle, now()))
+            self.submitted += 1
+
+    def _finished(self, index: int, output) -> None:
+        """Request ``index`` finished (a stream of independent requests has nothing to do)."""
 
     def record(self) -> dict:
         """The run's numbers (see the module docstring); ``outputs`` maps request index -> token ids."""
@@ -168,6 +178,50 @@ class ClosedLoop:
             "skipped_draft_steps": m["skipped_draft_steps"], "step_kinds": m["step_kinds"],
             "outputs": {index: out.token_ids for index, out in sorted(self.outputs.items())},
         }
+
+
+class AgentClosedLoop(ClosedLoop):
+    """``concurrency`` scripted tool-calling agents (:class:`~hf_dspark.evaluation.agent_script.ScriptedAgent`),
+    each sending its next generation as soon as its last one is answered: the engine serves the product's own use
+    case, every request re-reading its agent's growing conversation. Agent ``a`` starts at scripted turn ``a`` (the
+    agents ask different things) and has a lookup scope of its own (its earlier replies are lookup history and its
+    caches are kept for its next request, never another agent's). Request ``a × G + k`` is agent ``a``'s ``k``-th
+    generation, whatever the order they finish in, so greedy outputs compare across policies by index."""
+
+    def __init__(self, engine: DSparkEngine, tokenizer, concurrency: int, turns_per_agent: int, sampling: dict):
+        self.agents = [ScriptedAgent(turns_per_agent, first_turn=a) for a in range(concurrency)]
+        generations = self.agents[0].num_generations
+        super().__init__(engine, [], concurrency, concurrency * generations, max(STEPS.values()), sampling)
+        self.tokenizer, self.generations = tokenizer, generations
+        self._idle = list(range(concurrency))  # agents whose last generation was answered (all, at the start)
+
+    def _top_up(self, now) -> None:
+        for agent_index in self._idle:
+            agent = self.agents[agent_index]
+            if agent.done:
+                continue
+            index = agent_index * self.generations + agent.generation
+            messages, max_new_tokens = agent.next_request()
+            handle = self.engine.submit(render_ids(self.tokenizer, messages), max_new_tokens,
+                                        lookup_scope=f"agent-{agent_index}", **self.sampling)
+            self.inflight.append((index, handle, now()))
+            self.submitted += 1
+        self._idle = []
+
+    def _finished(self, index: int, output) -> None:
+        agent_index = index // self.generations
+        self.agents[agent_index].reply(self.tokenizer.decode(output.token_ids, skip_special_tokens=True))
+        self._idle.append(agent_index)
+
+
+def agent_slots(tokenizer, turns_per_agent: int, widest: int) -> int:
+    """Cache slots one agent's longest request may need: its whole script with every reply at its token budget
+    (replies of that many tokens, measured as text of as many words, may re-tokenise longer: a margin of 25 %)."""
+    agent = ScriptedAgent(turns_per_agent)
+    while not agent.done:
+        _, max_new_tokens = agent.next_request()
+        agent.reply(" ".join(["word"] * max_new_tokens))
+    return int(1.25 * len(render_ids(tokenizer, agent.messages))) + max(STEPS.values()) + widest + 1
 
 
 def request_length(index: int, min_new_tokens: int | None, max_new_tokens: int) -> int:
@@ -212,8 +266,12 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
     (concurrency, repeat) in lock-step (:func:`run_interleaved`), "runs" one after another."""
     if settings.interleave not in ("steps", "runs"):
         raise ValueError(f"serve-bench: interleave must be 'steps' or 'runs', got {settings.interleave!r}")
+    if settings.workload not in ("prompts", "agents"):
+        raise ValueError(f"serve-bench: workload must be 'prompts' or 'agents', got {settings.workload!r}")
+    agents = settings.workload == "agents"
     widest = max(drafter.config.block_size, LONG_MATCH_TOKENS)  # a lookup proposal may exceed the block
-    slots = max(len(ids) for _, ids in prompts) + settings.max_new_tokens + widest + 1
+    slots = (agent_slots(tokenizer, settings.agent_turns, widest) if agents else
+             max(len(ids) for _, ids in prompts) + settings.max_new_tokens + widest + 1)
     sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {}
     policies = list(settings.policies)
     results = []
@@ -234,8 +292,9 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
                                       cpu_linears=settings.cpu_linears, **engine_kwargs)
                 if engine.policy.needs_step_cost:  # start-up (profile or its spot check), not part of the stream
                     _ = engine.step_cost
-                loop = ClosedLoop(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling,
-                                  settings.min_new_tokens)
+                loop = (AgentClosedLoop(engine, tokenizer, concurrency, settings.agent_turns, sampling) if agents
+                        else ClosedLoop(engine, prompts, concurrency, num_requests, settings.max_new_tokens, sampling,
+                                        settings.min_new_tokens))
                 if settings.interleave == "runs":
                     while not loop.done:
                         loop.advance()

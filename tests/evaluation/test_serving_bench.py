@@ -132,3 +132,82 @@ def test_interleave_setting_is_checked(tiny_target, tiny_drafter):
     settings = ServingBenchSettings(levels=[1], policies=["none"], max_new_tokens=2, interleave="sometimes")
     with pytest.raises(ValueError, match="interleave"):
         run_serving_bench(tiny_target, tiny_drafter, None, [("a", [5, 6])], {1: 1.0}, settings)
+
+
+class WordTokenizer:
+    """Words <-> ids of a tiny vocabulary (a stable hash per word), chat "template" = the messages' words in order:
+    enough for an agent's conversation to grow with its replies, which is what the agent workload exercises."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def _id(self, word: str) -> int:
+        return 3 + sum(map(ord, word)) % (self.vocab_size - 3)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        words = [w for m in messages for w in (m["role"] + " " + m["content"]).split()]
+        return [self._id(w) for w in words]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"t{i}" for i in ids)
+
+
+def test_scripted_agent_alternates_requests_and_replies():
+    from hf_dspark.evaluation.agent_script import STEPS, SYSTEM_PROMPT, TURNS, ScriptedAgent
+
+    agent = ScriptedAgent(num_turns=2, first_turn=len(TURNS) - 1)  # the script wraps around
+    assert agent.num_generations == 2 * len(STEPS)
+    messages, max_new = agent.next_request()
+    assert messages == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": TURNS[-1].user}]
+    assert max_new == STEPS["plan"]
+    with pytest.raises(RuntimeError, match="no reply yet"):
+        agent.next_request()
+    agent.reply("I will check.")
+    messages, max_new = agent.next_request()
+    assert messages[-2] == {"role": "assistant", "content": "I will check."} and max_new == STEPS["tool_call"]
+    while True:
+        agent.reply("ok")
+        if agent.done:
+            break
+        messages, _ = agent.next_request()
+    assert messages[-1]["content"] != TURNS[-1].user and TURNS[0].user in [m["content"] for m in messages]
+    assert len(agent.messages) == 1 + 2 * agent.num_generations
+    with pytest.raises(RuntimeError, match="script is over"):
+        agent.next_request()
+
+
+def test_agent_workload_serves_each_agent_its_own_growing_conversation(tiny_target, tiny_drafter):
+    """--workload agents: C agents, each request re-reading its agent's conversation (replies included), one lookup
+    scope per agent; every policy gives the same greedy tokens per (agent, generation) index."""
+    from hf_dspark.evaluation.agent_script import STEPS
+    from hf_dspark.evaluation.serving_bench import AgentClosedLoop
+    from hf_dspark.serving import DSparkEngine
+
+    tokenizer = WordTokenizer(tiny_target.config.vocab_size)
+    settings = ServingBenchSettings(levels=[2], policies=["none", "scheduled"], workload="agents", agent_turns=1,
+                                    repeats=1)
+    results = run_serving_bench(tiny_target, tiny_drafter, tokenizer, [], {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3},
+                                settings)
+    generations = 2 * len(STEPS)
+    assert [r["num_requests"] for r in results] == [generations, generations]
+    assert results[1]["greedy_agreement"] == 1.0
+    assert all(r["generated_tokens"] <= 2 * sum(STEPS.values()) and r["full_load_s"] <= r["wall_s"]
+               for r in results)
+
+    # the requests an agent sends grow with its replies, and each carries the agent's own scope
+    engine = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
+    sent = []
+    submit = engine.submit
+    engine.submit = lambda ids, n, **kw: (sent.append((list(ids), n, kw.get("lookup_scope"))), submit(ids, n, **kw))[1]
+    loop = AgentClosedLoop(engine, tokenizer, concurrency=2, turns_per_agent=1, sampling={})
+    while not loop.done:
+        loop.advance()
+    by_scope = {}
+    for ids, n, scope in sent:
+        by_scope.setdefault(scope, []).append((ids, n))
+    assert sorted(by_scope) == ["agent-0", "agent-1"]
+    for requests in by_scope.values():
+        assert [n for _, n in requests] == list(STEPS.values())
+        assert all(len(later) > len(earlier) and later[:len(earlier)] == earlier  # the conversation so far, and more
+                   for (earlier, _), (later, _) in zip(requests, requests[1:]))
+    assert by_scope["agent-0"][0][0] != by_scope["agent-1"][0][0]  # they start at different scripted turns
