@@ -328,6 +328,9 @@ class ScheduledPolicy(VerifyPolicy):
         self._realised: np.ndarray | None = None  # decayed count of those that were accepted
         self._reached: np.ndarray | None = None  # decayed count of those drafts
         self.last_theta: float | None = None  # Θ of the last choice (for logging / benchmarks)
+        #: the last priced choice between drafting and not: best Θ with the drafter / best Θ without it (None when
+        #: the round did not price it: learning rounds, no drafter, every row on lookup)
+        self.last_drafter_gain: float | None = None
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
         self._survival_rounds = 0  # drafting rounds behind mean_survival
         self._best_survival: np.ndarray | None = None  # the highest mean survival after the learning rounds
@@ -383,7 +386,8 @@ class ScheduledPolicy(VerifyPolicy):
         end). A row takes its lookup proposal when that is expected to accept more than the drafter has been
         accepting lately (its mean survival per position); the drafter runs when drafting the remaining rows beats
         the best step without the drafter — every row on its lookup proposal, if it has one — both priced by the
-        step cost; when it does not run, every row with a lookup proposal takes it.
+        step cost, by ``speculation_margin`` more than that step where it is itself a lookup step (see the
+        comment below); when it does not run, every row with a lookup proposal takes it.
         Non-anticipating: everything here is known before any draft of this round is sampled.
         ``wants`` [R] bool (optional): rows that may use the drafter at all; ``caps`` [R]: drafts each row may
         still verify (None: no limit)."""
@@ -393,6 +397,7 @@ class ScheduledPolicy(VerifyPolicy):
         drafter_rows = np.ones(num_rows, dtype=bool) if caps is None else np.asarray(caps) > 0
         if wants is not None:
             drafter_rows &= np.asarray(wants, dtype=bool)
+        self.last_drafter_gain = None
         if self._wants_plain_step():
             return np.zeros(num_rows, dtype=bool), False
         if not drafter_available or not drafter_rows.any():
@@ -413,8 +418,14 @@ class ScheduledPolicy(VerifyPolicy):
         without = np.zeros((num_rows, width))
         without[:, : lookup_survival.shape[1]] = lookup_survival
         gamma = min(width, cost.max_width - 1)
-        best_without = padded_width_path(without[:, :gamma], cost, drafted=False, step_factors=self.step_time_factors(
-            gamma, drafted=False, sampled=sampled, rows=num_rows)).max(initial=0.0)
+        path_without = padded_width_path(without[:, :gamma], cost, drafted=False, step_factors=self.step_time_factors(
+            gamma, drafted=False, sampled=sampled, rows=num_rows))
+        best_without = path_without.max(initial=0.0)
+        # Against a plain step the drafted step's price already carries the margin; against a lookup step, which
+        # carries it too, the drafter must still clear it: its pass and its acceptance are estimates on top of the
+        # lookup step's, and taking whichever looks best favours those that look too good (4-row agent traffic: the
+        # drafter joined lookup steps on bets priced 1.00-1.10× the lookup step alone and ran 0.93× lookup only)
+        hurdle = self.speculation_margin if path_without.size > 1 and int(np.argmax(path_without)) > 0 else 1.0
 
         def best_with(survival: np.ndarray) -> float:
             with_drafter = without.copy()
@@ -423,7 +434,9 @@ class ScheduledPolicy(VerifyPolicy):
             factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_rows)
             return padded_width_path(with_drafter[:, :gamma], cost, drafted=True, step_factors=factors).max(initial=0.0)
 
-        pays = bool(best_with(drafter_survival) > best_without)
+        gain = best_with(drafter_survival) / best_without if best_without > 0 else float("inf")
+        self.last_drafter_gain = gain
+        pays = bool(gain > hurdle)
         if not pays and self._probe_due(lambda: best_with(self._row_survival(
                 self._optimistic_survival(), num_rows, caps)) > best_without):
             return use_lookup, True  # a probe: refresh the drafter's estimate

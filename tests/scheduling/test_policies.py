@@ -465,6 +465,30 @@ def test_the_drafter_must_beat_the_rows_lookup_proposal_not_a_plain_step():
     assert run_drafter and use_lookup.tolist() == [False]
 
 
+def test_the_drafter_must_clear_the_speculation_margin_over_a_lookup_step():
+    """Two rows, one with a lookup proposal (0.5), the other only the drafter's (mean survival s). Against the lookup
+    step the drafter must gain more than ``speculation_margin``: a 3 % better estimate (s = 0.1) is a bet on noise
+    and stays a lookup step, 11 % (s = 0.3) drafts. Against a plain step (no lookup proposal anywhere) the drafted
+    step's price already carries the margin, so 2 % over it still drafts."""
+    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
+    one_proposal = np.array([[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+    def decide(survival: float, lookup: np.ndarray) -> tuple[bool, float]:
+        policy = make_policy("scheduled", probe_interval=100)
+        learned(policy, torch.tensor([[survival, 0.0, 0.0]] * 2, dtype=torch.float64), torch.tensor([3, 3]), cost)
+        use_lookup, run_drafter = policy.plan_sources(lookup, cost, drafter_available=True)
+        assert use_lookup.tolist() == (lookup[:, 0] > survival).tolist()
+        return run_drafter, policy.last_drafter_gain
+
+    margin = make_policy("scheduled").speculation_margin
+    run_drafter, gain = decide(0.1, one_proposal)
+    assert 1.0 < gain < margin and not run_drafter
+    run_drafter, gain = decide(0.3, one_proposal)
+    assert gain > margin and run_drafter
+    run_drafter, gain = decide(0.1, np.zeros((2, 3)))
+    assert 1.0 < gain < margin and run_drafter
+
+
 def test_probes_back_off_while_drafting_keeps_not_paying():
     policy = make_policy("scheduled", probe_interval=2, probe_backoff=2.0, max_probe_interval=8)
     cheap = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.001)
