@@ -7,6 +7,10 @@ decoding speed after its first token, averaged), TTFT, mean verify budget (draft
 τ and wasted verify tokens, and the time per kind of step. By default the policies of one concurrency level run in
 lock-step, one engine step each in turn, every policy timed on its own clock (:class:`ClosedLoop`), so the drift of
 a shared machine hits them alike; their order is rotated each round and each repeat.
+
+Two streams: the benchmarks' first turns (``workload="prompts"``, independent requests) and C scripted
+tool-calling agents (``workload="agents"``, :class:`AgentClosedLoop`), each request re-reading its agent's growing
+conversation — the traffic the product is for, where lookup proposals are long.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from ..generation.memory import LONG_MATCH_TOKENS
 from ..serving import DSparkEngine
 from ..training.prompts import read_prompts
-from .agent_script import STEPS, ScriptedAgent, render_ids
+from .agent_script import STEPS, TURNS, ScriptedAgent, render_ids
 from .benchmarks import benchmark_path
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
@@ -215,13 +219,17 @@ class AgentClosedLoop(ClosedLoop):
 
 
 def agent_slots(tokenizer, turns_per_agent: int, widest: int) -> int:
-    """Cache slots one agent's longest request may need: its whole script with every reply at its token budget
-    (replies of that many tokens, measured as text of as many words, may re-tokenise longer: a margin of 25 %)."""
-    agent = ScriptedAgent(turns_per_agent)
-    while not agent.done:
-        _, max_new_tokens = agent.next_request()
-        agent.reply(" ".join(["word"] * max_new_tokens))
-    return int(1.25 * len(render_ids(tokenizer, agent.messages))) + max(STEPS.values()) + widest + 1
+    """Cache slots an agent's longest request may need: the longest script (over every starting turn) with every
+    reply at its token budget (replies of that many tokens, measured as text of as many words, may re-tokenise
+    longer: a margin of 25 %)."""
+    longest = 0
+    for first_turn in range(len(TURNS)):
+        agent = ScriptedAgent(turns_per_agent, first_turn)
+        while not agent.done:
+            _, max_new_tokens = agent.next_request()
+            agent.reply(" ".join(["word"] * max_new_tokens))
+        longest = max(longest, len(render_ids(tokenizer, agent.messages)))
+    return int(1.25 * longest) + max(STEPS.values()) + widest + 1
 
 
 def request_length(index: int, min_new_tokens: int | None, max_new_tokens: int) -> int:
