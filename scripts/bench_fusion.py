@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.cpu_kernels import loop_kernels
-from hf_dspark.evaluation.agent_script import STEPS, SYSTEM_PROMPT, TURNS, step_message
+from hf_dspark.evaluation.agent_script import STEPS, ScriptedAgent
 from hf_dspark.evaluation.benchmarks import default_eval_dir
 from hf_dspark.evaluation.heldout import read_heldout
 from hf_dspark.loading import load_drafter, load_target
@@ -160,14 +160,13 @@ def heldout_workloads(runner: Runner, per_set: int, max_new_tokens: int) -> None
 
 
 def agent_loop(runner: Runner, num_turns: int) -> None:
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-    for turn in (TURNS * (1 + num_turns // len(TURNS)))[:num_turns]:
-        for step, max_new in STEPS.items():
-            messages.append(step_message(step, turn))
-            reply = runner.run("agent loop", messages, max_new)
-            messages.append({"role": "assistant",
-                             "content": runner.tokenizer.decode(reply, skip_special_tokens=True)})
-        logger.info("agent loop: turn done (%d messages)", len(messages))
+    agent = ScriptedAgent(num_turns)
+    while not agent.done:
+        messages, max_new = agent.next_request()
+        reply = runner.run("agent loop", messages, max_new)
+        agent.reply(runner.tokenizer.decode(reply, skip_special_tokens=True))
+        if agent.generation % len(STEPS) == 0:
+            logger.info("agent loop: turn done (%d messages)", len(agent.messages))
 
 
 def summarize(records: dict, temperature: float) -> list[dict]:

@@ -426,7 +426,7 @@ class ScheduledPolicy(VerifyPolicy):
         # lookup step's, and taking whichever looks best favours those that look too good (a 4-row agent trace: 22
         # of 26 drafted steps were bets priced 1.00-1.10× the lookup step they joined; they ran 83 tok/s, lookup
         # steps 131)
-        hurdle = self.speculation_margin if path_without.size > 1 and int(np.argmax(path_without)) > 0 else 1.0
+        hurdle = self.speculation_margin if int(np.argmax(path_without)) > 0 else 1.0
 
         def best_with(survival: np.ndarray) -> float:
             with_drafter = without.copy()
@@ -435,7 +435,7 @@ class ScheduledPolicy(VerifyPolicy):
             factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_rows)
             return padded_width_path(with_drafter[:, :gamma], cost, drafted=True, step_factors=factors).max(initial=0.0)
 
-        gain = best_with(drafter_survival) / best_without if best_without > 0 else float("inf")
+        gain = best_with(drafter_survival) / best_without  # > 0: at least one row, a finite step time
         self.last_drafter_gain = gain
         pays = bool(gain > hurdle)
         if not pays and self._probe_due(lambda: best_with(self._row_survival(
