@@ -36,6 +36,7 @@ import torch
 from ..modeling.target_support import cache_kwarg
 from .cost_tables import (  # noqa: F401 (the tables are imported from here too)
     _CACHE_VERSION,
+    _save_json_atomic,
     SPSProfile,
     StepCostProfile,
     default_batch_grid,
@@ -321,6 +322,12 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     rewards a bigger step. Measuring logs its estimated duration first (a WARNING when long) and shows a progress
     bar on a terminal (``progress``).
 
+    The verify table belongs to the target alone and is cached without the drafter; the drafter's pass costs are
+    cached beside it, one file per drafter. Every engine and ``generate`` call on a target therefore prices the
+    same verify step with the same numbers: a lookup-only engine and a fused one each measured their own table
+    once, the two disagreed by ~20 % at 4 rows, and the fused engine's lookup steps ran wider than the lookup-only
+    engine's on the same traffic for no reason but the noise of a separate measurement.
+
     The cache is keyed by model, dtype, device and threads, not by how busy the machine was: a table measured
     while other work ran would steer every later engine. With ``recheck`` a cache hit is spot-checked (one
     1-token verify), once per table and process; if that is much faster now than the cached value, the table is
@@ -342,50 +349,95 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
     dtype, device = param.dtype, param.device
     generator = torch.Generator().manual_seed(seed)
     ident = dict(context_len=context_len, dtype=dtype, device=device, repeats=repeats)
-    fine_path = _step_cost_path(target, draft, *grids(True), fine=True, cache_dir=cache_dir, **ident)
-    path = fine_path if refine else _step_cost_path(target, draft, row_grid, widths, fine=False,
-                                                    cache_dir=cache_dir, limit=None if rows else max_seconds, **ident)
+    fine_path = _step_cost_path(target, *grids(True), fine=True, cache_dir=cache_dir, **ident)
+    path = fine_path if refine else _step_cost_path(target, row_grid, widths, fine=False, cache_dir=cache_dir,
+                                                    limit=None if rows else max_seconds, **ident)
+    profile = None
     for candidate in dict.fromkeys([fine_path, path]) if use_cache else ():
-        cached = _load_step_cost(candidate, target, context_len, device, generator, recheck)
-        if cached is not None:
-            return cached
-    start = time.perf_counter()
+        profile = _load_step_cost(candidate, target, context_len, device, generator, recheck)
+        if profile is not None:
+            path = candidate
+            break
     modules = [m for m in (target, draft) if m is not None]
     was_training = [m.training for m in modules]
     for module in modules:
         module.eval()
     try:
-        row_grid, verify, drafting = _measure_step_cost(
-            target, draft, row_grid, widths, context_len=context_len, repeats=repeats, device=device,
-            generator=generator, budget_s=math.inf if refine else CELL_BUDGET_S,
-            max_seconds=math.inf if refine or rows or max_seconds is None else max_seconds, path=path,
-            progress=sys.stderr.isatty() if progress is None else progress)
+        if profile is None:
+            profile = _measure_verify_table(target, row_grid, widths, context_len=context_len, repeats=repeats,
+                                            dtype=dtype, device=device, generator=generator, refine=refine,
+                                            max_seconds=None if rows else max_seconds, path=path, progress=progress)
+            if use_cache:
+                profile.save(path)
+        if draft is not None:
+            profile = _with_drafter(profile, draft, path, context_len=context_len, repeats=repeats, device=device,
+                                    generator=generator, use_cache=use_cache)
     finally:
         for module, mode in zip(modules, was_training):
             module.train(mode)
-    profile = StepCostProfile(tuple(row_grid), tuple(widths), tuple(map(tuple, make_nondecreasing(np.array(verify)))),
-                              tuple(make_nondecreasing(np.array(drafting)).tolist()),
-                              {"source": "measured", "raw_verify_seconds": verify, "raw_draft_seconds": drafting,
-                               "context_len": context_len, "repeats": repeats, "key": path.stem.removeprefix("step-"),
-                               "grid": "fine" if refine else "coarse", "dtype": str(dtype), "device": str(device),
-                               "threads": torch.get_num_threads()})
-    logger.info("step-cost profile: R=%s × W=%s in %.1fs; verify(1,1)=%.1f ms, verify(%d,%d)=%.1f ms, "
-                "draft(1)=%.1f ms, draft(%d)=%.1f ms", row_grid, widths, time.perf_counter() - start,
-                1e3 * profile.verify(1, 1), row_grid[-1], max_width, 1e3 * profile.verify(row_grid[-1], max_width),
-                1e3 * profile.draft(1), row_grid[-1], 1e3 * profile.draft(row_grid[-1]))
-    if use_cache:
-        profile.save(path)
     return profile
 
 
-def _step_cost_path(target, draft, row_grid: list[int], widths: list[int], *, fine: bool, cache_dir, context_len: int,
+def _measure_verify_table(target, row_grid: list[int], widths: list[int], *, context_len: int, repeats: int,
+                          dtype: torch.dtype, device: torch.device, generator: torch.Generator, refine: bool,
+                          max_seconds: float | None, path: Path, progress: bool | None) -> StepCostProfile:
+    """The target's verify table (no drafter costs), measured now."""
+    start = time.perf_counter()
+    row_grid, verify = _measure_step_cost(
+        target, row_grid, widths, context_len=context_len, repeats=repeats, device=device, generator=generator,
+        budget_s=math.inf if refine else CELL_BUDGET_S,
+        max_seconds=math.inf if refine or max_seconds is None else max_seconds, path=path,
+        progress=sys.stderr.isatty() if progress is None else progress)
+    profile = StepCostProfile(tuple(row_grid), tuple(widths), tuple(map(tuple, make_nondecreasing(np.array(verify)))),
+                              (0.0,) * len(row_grid),
+                              {"source": "measured", "raw_verify_seconds": verify, "context_len": context_len,
+                               "repeats": repeats, "key": path.stem.removeprefix("step-"),
+                               "grid": "fine" if refine else "coarse", "dtype": str(dtype), "device": str(device),
+                               "threads": torch.get_num_threads()})
+    logger.info("step-cost profile: R=%s × W=%s in %.1fs; verify(1,1)=%.1f ms, verify(%d,%d)=%.1f ms", row_grid,
+                widths, time.perf_counter() - start, 1e3 * profile.verify(1, 1), row_grid[-1], widths[-1],
+                1e3 * profile.verify(row_grid[-1], widths[-1]))
+    return profile
+
+
+def _with_drafter(profile: StepCostProfile, draft, verify_path: Path, *, context_len: int, repeats: int,
+                  device: torch.device, generator: torch.Generator, use_cache: bool) -> StepCostProfile:
+    """``profile`` (a verify table) with the drafter's pass costs at its row counts, cached beside it per drafter."""
+    draft_config = draft.config.to_json_string(use_diff=False)
+    key = hashlib.sha256((verify_path.stem + "|draft|" + draft_config).encode()).hexdigest()[:24]
+    path = verify_path.with_name(f"draft-{key}.json")
+    drafting, source = None, "cache"
+    if use_cache and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if tuple(cached["rows"]) == profile.rows:
+                drafting = [float(x) for x in cached["raw_draft_seconds"]]
+        except (ValueError, KeyError, TypeError) as err:
+            logger.warning("step-cost profile: ignoring unreadable drafter cost file %s (%s)", path, err)
+    if drafting is None:
+        source = "measured"
+        budget = math.inf if profile.metadata.get("grid") == "fine" else CELL_BUDGET_S
+        drafting = [time_draft_pass(draft, r, context_len=context_len, repeats=repeats, device=device,
+                                    generator=generator, budget_s=budget) for r in profile.rows]
+        logger.info("step-cost profile: drafter pass at R=%s: %s ms", list(profile.rows),
+                    ", ".join(f"{1e3 * t:.1f}" for t in drafting))
+        if use_cache:
+            _save_json_atomic(path, {"rows": list(profile.rows), "raw_draft_seconds": drafting})
+    sources = {profile.metadata.get("source"), source}
+    return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds,
+                           tuple(make_nondecreasing(np.array(drafting)).tolist()),
+                           {**profile.metadata, "raw_draft_seconds": drafting, "draft_key": key,
+                            "source": "measured" if "measured" in sources else "cache"})
+
+
+def _step_cost_path(target, row_grid: list[int], widths: list[int], *, fine: bool, cache_dir, context_len: int,
                     dtype: torch.dtype, device: torch.device, repeats: int, limit: float | None = None) -> Path:
-    """Cache file of a step-cost table (the fine grid keeps the key it always had, so older tables stay valid)."""
+    """Cache file of a target's verify table (the key it always had without a drafter, so those tables stay
+    valid; tables measured with a drafter's passes in one file are no longer read)."""
     key = profile_cache_key(target, row_grid, context_len=context_len, row_len=widths[-1], dtype=dtype,
                             device=device, repeats=repeats)
-    draft_config = draft.config.to_json_string(use_diff=False) if draft is not None else ""
     grid = "" if fine else f"|coarse|{widths}|{CELL_BUDGET_S}|{limit}"
-    key = hashlib.sha256((key + "|step-cost-isotonic|" + draft_config + grid).encode()).hexdigest()[:24]
+    key = hashlib.sha256((key + "|step-cost-isotonic|" + grid).encode()).hexdigest()[:24]
     return _cache_root(cache_dir) / f"step-{key}.json"
 
 
@@ -414,10 +466,10 @@ def _load_step_cost(path: Path, target, context_len: int, device: torch.device, 
                            {**profile.metadata, "source": "cache"})
 
 
-def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *, context_len: int, repeats: int,
+def _measure_step_cost(target, row_grid: list[int], widths: list[int], *, context_len: int, repeats: int,
                        device: torch.device, generator: torch.Generator, budget_s: float, max_seconds: float,
-                       path: Path, progress: bool) -> tuple[list[int], list[list[float]], list[float]]:
-    """(rows measured, raw verify seconds [rows][widths], raw draft seconds [rows]), row counts in ascending order.
+                       path: Path, progress: bool) -> tuple[list[int], list[list[float]]]:
+    """(rows measured, raw verify seconds [rows][widths]), row counts in ascending order.
 
     Announces its estimated duration after the first full-context forward. A row count projected to end after
     ``max_seconds`` is not measured, nor any larger: StepCostProfile prices a larger row count by its tokens (a
@@ -425,15 +477,15 @@ def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *,
     from tqdm.auto import tqdm
 
     timing = dict(context_len=context_len, repeats=repeats, device=device, generator=generator)
-    logger.info("step-cost profile: measuring R=%s × W=%s%s on this machine (once; cached in %s)", row_grid, widths,
-                " and the drafter" if draft is not None else "", path.parent)
+    logger.info("step-cost profile: measuring R=%s × W=%s on this machine (once; cached in %s)", row_grid, widths,
+                path.parent)
     start = time.perf_counter()
     # A global warm-up first (see _measure): the fine grid at its largest shape, as it always did; the coarse one
     # on a short context (the one-off costs are per process, and the context below is prefilled only once).
     coarse = budget_s != math.inf
     time_padded_verify(target, 1 if coarse else row_grid[-1], widths[-1],
                        **{**timing, "repeats": 1, "context_len": min(context_len, 16) if coarse else context_len})
-    bar = tqdm(total=len(row_grid) * (len(widths) + (draft is not None)), desc="step-cost profile", unit="cell",
+    bar = tqdm(total=len(row_grid) * len(widths), desc="step-cost profile", unit="cell",
                disable=not progress)
     prefill_start = time.perf_counter()
     context = prefill_context(target, context_len, device=device, generator=generator)
@@ -447,7 +499,7 @@ def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *,
                path.parent)
     measure = functools.partial(time_padded_verify_widths, target, budget_s=budget_s, context=context,
                                 on_width=bar.update, **timing)
-    verify, drafting, seconds = [], [], []
+    verify, seconds = [], []
     try:
         for k, r in enumerate(row_grid):
             if k and time.perf_counter() - start + _projected_seconds(row_grid[:k], seconds, r) > max_seconds:
@@ -457,12 +509,10 @@ def _measure_step_cost(target, draft, row_grid: list[int], widths: list[int], *,
                 break
             row_start = time.perf_counter()
             verify.append(measure(r, widths))
-            drafting.append(time_draft_pass(draft, r, budget_s=budget_s, **timing) if draft is not None else 0.0)
-            bar.update(draft is not None)
             seconds.append(time.perf_counter() - row_start)
     finally:
         bar.close()
-    return row_grid[:len(verify)], verify, drafting
+    return row_grid[:len(verify)], verify
 
 
 def _estimated_seconds(row_grid: list[int], widths: list[int], prefill_seconds: float, context_len: int,

@@ -179,8 +179,19 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
     kwargs = {"max_rows": 4, "max_width": 4, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
     again = profile_step_cost(target, draft, **kwargs)
     assert again == cost and again.metadata["source"] == "cache"
-    with pytest.raises(AssertionError, match="profiled again"):  # without the drafter: another entry
-        profile_step_cost(target, None, **kwargs)
+    # the verify table is the target's: an engine without the drafter prices verify steps with the same numbers
+    alone = profile_step_cost(target, None, **kwargs)
+    assert alone.verify_seconds == cost.verify_seconds and set(alone.draft_seconds) == {0.0}
+    # another drafter times only its own passes, on the same verify table
+    drafts = []
+    real_draft_pass = profiler.time_draft_pass
+    monkeypatch.setattr(profiler, "time_draft_pass", lambda *a, **k: drafts.append(a[1]) or real_draft_pass(*a, **k))
+    other = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    with_other = profile_step_cost(target, other, **kwargs)
+    assert drafts == [1, 2, 4] and with_other.verify_seconds == cost.verify_seconds
+    assert with_other.metadata["source"] == "measured"
+    assert profile_step_cost(target, other, **kwargs) == with_other and drafts == [1, 2, 4]  # cached too
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "sps").glob("*.json")) == ["draft", "draft", "step"]
 
 
 def rescale_cached_table(path, factor: float) -> dict:
