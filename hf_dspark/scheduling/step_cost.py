@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +270,9 @@ def coarse_width_grid(max_width: int, rows: Sequence[int] = (), *, skinny: bool 
 
 # Coarse profiling stops repeating a cell (verify R × W, or one drafter pass) once its timed runs took this long.
 CELL_BUDGET_S = 0.5
+# Timed drafter passes per row count (at least; a pass costs milliseconds): the minimum over three, even between
+# target forwards, was still 1.5× the loop's cost in one of three processes on a 2-core CPU.
+DRAFT_PASS_REPEATS = 10
 # A start-up profile estimated to take longer than this is announced with a WARNING (INFO otherwise).
 ANNOUNCE_AFTER_S = 10.0
 
@@ -277,8 +280,23 @@ ANNOUNCE_AFTER_S = 10.0
 @torch.inference_mode()
 def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device: torch.device,
                     generator: torch.Generator, budget_s: float = math.inf) -> float:
-    """Median wall time (s) of one batched ``draft_block`` for ``rows`` requests with ``context_len`` context
-    (``repeats`` timed passes after a warm-up, fewer once they took ``budget_s``)."""
+    """Wall time (s) of one batched ``draft_block`` for ``rows`` requests with ``context_len`` context
+    (``repeats`` timed passes after a warm-up, fewer once they took ``budget_s``), timed back to back.
+    ``profile_step_cost`` times the drafter between target forwards instead, as the loop runs it."""
+    run = _draft_pass(draft, rows, context_len=context_len, device=device, generator=generator)
+    times = []
+    for i in range(repeats + 1):  # the first pass is a warm-up
+        seconds = _timed(run, device)
+        if i:
+            times.append(seconds)
+            if sum(times) >= budget_s:
+                break
+    return _robust_seconds(times)
+
+
+def _draft_pass(draft, rows: int, *, context_len: int, device: torch.device,
+                generator: torch.Generator) -> Callable[[], object]:
+    """One batched drafter pass for ``rows`` requests on ``context_len`` tokens of random context, ready to run."""
     from ..modeling.modeling import DraftCache
 
     features = torch.randn(rows, context_len, draft.fc.in_features, generator=generator).to(
@@ -290,17 +308,16 @@ def time_draft_pass(draft, rows: int, *, context_len: int, repeats: int, device:
     vocab = draft.config.vocab_size
     anchors = torch.randint(0, vocab, (rows,), generator=generator).to(device)
     anchor_positions = torch.full((rows,), context_len, device=device)
-    times = []
-    for i in range(repeats + 1):  # the first pass is a warm-up
-        _synchronize(device)
-        start = time.perf_counter()
-        draft.draft_block(cache, anchors, anchor_positions, confidence_threshold=0.0, context_precedes_anchors=True)
-        _synchronize(device)
-        if i:
-            times.append(time.perf_counter() - start)
-            if sum(times) >= budget_s:
-                break
-    return _robust_seconds(times)
+    return functools.partial(draft.draft_block, cache, anchors, anchor_positions, confidence_threshold=0.0,
+                             context_precedes_anchors=True)
+
+
+def _timed(run: Callable[[], object], device: torch.device) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    run()
+    _synchronize(device)
+    return time.perf_counter() - start
 
 
 def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int = 8, context_len: int = 256,
@@ -370,8 +387,8 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
             if use_cache:
                 profile.save(path)
         if draft is not None:
-            profile = _with_drafter(profile, draft, path, context_len=context_len, repeats=repeats, device=device,
-                                    generator=generator, use_cache=use_cache)
+            profile = _with_drafter(profile, target, draft, path, context_len=context_len, repeats=repeats,
+                                    device=device, generator=generator, use_cache=use_cache)
     finally:
         for module, mode in zip(modules, was_training):
             module.train(mode)
@@ -400,11 +417,11 @@ def _measure_verify_table(target, row_grid: list[int], widths: list[int], *, con
     return profile
 
 
-def _with_drafter(profile: StepCostProfile, draft, verify_path: Path, *, context_len: int, repeats: int,
+def _with_drafter(profile: StepCostProfile, target, draft, verify_path: Path, *, context_len: int, repeats: int,
                   device: torch.device, generator: torch.Generator, use_cache: bool) -> StepCostProfile:
     """``profile`` (a verify table) with the drafter's pass costs at its row counts, cached beside it per drafter."""
     draft_config = draft.config.to_json_string(use_diff=False)
-    key = hashlib.sha256((verify_path.stem + "|draft|" + draft_config).encode()).hexdigest()[:24]
+    key = hashlib.sha256((verify_path.stem + "|draft-between-forwards|" + draft_config).encode()).hexdigest()[:24]
     path = verify_path.with_name(f"draft-{key}.json")
     drafting, source = None, "cache"
     if use_cache and path.is_file():
@@ -416,9 +433,9 @@ def _with_drafter(profile: StepCostProfile, draft, verify_path: Path, *, context
             logger.warning("step-cost profile: ignoring unreadable drafter cost file %s (%s)", path, err)
     if drafting is None:
         source = "measured"
-        budget = math.inf if profile.metadata.get("grid") == "fine" else CELL_BUDGET_S
-        drafting = [time_draft_pass(draft, r, context_len=context_len, repeats=repeats, device=device,
-                                    generator=generator, budget_s=budget) for r in profile.rows]
+        drafting = _time_draft_passes(target, draft, list(profile.rows), context_len=context_len, repeats=repeats,
+                                      device=device, generator=generator,
+                                      budget_s=math.inf if profile.metadata.get("grid") == "fine" else CELL_BUDGET_S)
         logger.info("step-cost profile: drafter pass at R=%s: %s ms", list(profile.rows),
                     ", ".join(f"{1e3 * t:.1f}" for t in drafting))
         if use_cache:
@@ -428,6 +445,42 @@ def _with_drafter(profile: StepCostProfile, draft, verify_path: Path, *, context
                            tuple(make_nondecreasing(np.array(drafting)).tolist()),
                            {**profile.metadata, "raw_draft_seconds": drafting, "draft_key": key,
                             "source": "measured" if "measured" in sources else "cache"})
+
+
+@torch.inference_mode()
+def _time_draft_passes(target, draft, rows: list[int], *, context_len: int, repeats: int, device: torch.device,
+                       generator: torch.Generator, budget_s: float) -> list[float]:
+    """The drafter's pass for each row count as the loop runs it: between target forwards. Timed back to back,
+    SmolLM2's drafter on 2 CPU cores cost 6.4-11.8 ms a pass in some processes against 4.2 ms between forwards,
+    and priced at that ``generate`` stopped drafting on prompts where drafting pays. Each timed pass follows a
+    1-token verify forward of as many rows; passes go over every row count in turn (a burst of interference costs
+    each one sample, as in :func:`time_padded_verify_widths`), at least ``DRAFT_PASS_REPEATS`` of them, a row
+    count dropping out once its timed passes took ``budget_s``; the minimum is kept."""
+    context = prefill_context(target, context_len, device=device, generator=generator)
+    vocab = target.config.get_text_config().vocab_size
+    cache_name = cache_kwarg(target)
+    steps = []
+    for r in rows:
+        cache = copy.deepcopy(context)
+        cache.batch_repeat_interleave(r)
+        ids = torch.randint(0, vocab, (r, 1), generator=generator).to(device)
+        positions = torch.full((r, 1), context_len, device=device)
+        verify = functools.partial(target, input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                                   **{cache_name: cache})
+        steps.append((verify, _draft_pass(draft, r, context_len=context_len, device=device, generator=generator)))
+    times: list[list[float]] = [[] for _ in rows]
+    active = list(range(len(rows)))
+    for i in range(max(repeats, DRAFT_PASS_REPEATS) + 1):  # the first pass is a warm-up
+        for j in active:
+            verify, run = steps[j]
+            verify()
+            seconds = _timed(run, device)
+            if i:
+                times[j].append(seconds)
+        active = [j for j in active if sum(times[j]) < budget_s]
+        if not active:
+            break
+    return [_robust_seconds(t) for t in times]
 
 
 def _step_cost_path(target, row_grid: list[int], widths: list[int], *, fine: bool, cache_dir, context_len: int,

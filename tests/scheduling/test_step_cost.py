@@ -184,8 +184,8 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
     assert alone.verify_seconds == cost.verify_seconds and set(alone.draft_seconds) == {0.0}
     # another drafter times only its own passes, on the same verify table
     drafts = []
-    real_draft_pass = profiler.time_draft_pass
-    monkeypatch.setattr(profiler, "time_draft_pass", lambda *a, **k: drafts.append(a[1]) or real_draft_pass(*a, **k))
+    real_draft_pass = profiler._draft_pass
+    monkeypatch.setattr(profiler, "_draft_pass", lambda *a, **k: drafts.append(a[1]) or real_draft_pass(*a, **k))
     other = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
     with_other = profile_step_cost(target, other, **kwargs)
     assert drafts == [1, 2, 4] and with_other.verify_seconds == cost.verify_seconds
@@ -254,3 +254,38 @@ def test_a_cached_table_is_spot_checked_once_per_process(tmp_path, monkeypatch, 
     path.write_text(json.dumps(quiet))
     assert profile_step_cost(target, None, **kwargs).metadata["source"] == "cache"
     assert calls == [(1, 1), (1, 1)]
+
+
+def test_an_unreadable_drafter_cost_file_is_measured_again(tmp_path, caplog, one_thread):
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
+    first = profile_step_cost(target, draft, **kwargs)
+    (path,) = (tmp_path / "sps").glob("draft-*.json")
+    path.write_text("{not json")
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+        again = profile_step_cost(target, draft, **kwargs)
+    assert "unreadable drafter cost file" in caplog.text
+    assert again.metadata["source"] == "measured" and again.verify_seconds == first.verify_seconds
+    assert all(d > 0 for d in again.draft_seconds) and json.loads(path.read_text())["rows"] == [1, 2]
+
+
+def test_the_drafter_is_timed_between_target_forwards(tmp_path, one_thread):
+    """As the loop runs it: every drafter pass the profile times follows a verify forward of as many rows."""
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
+    profile_step_cost(target, None, **kwargs)  # the verify table, cached: only the drafter is timed below
+    calls = []
+    target.register_forward_pre_hook(lambda module, args, kw: calls.append(("verify", kw["input_ids"].shape[0])),
+                                     with_kwargs=True)
+    real_block = draft.draft_block
+    draft.draft_block = lambda cache, anchors, *a, **k: calls.append(("draft", anchors.shape[0])) or real_block(
+        cache, anchors, *a, **k)
+    cost = profile_step_cost(target, draft, **kwargs)
+    assert calls[0] == ("verify", 1)  # the context prefill (one row, repeated per row count)
+    passes = calls[1:]
+    assert len(passes) == 2 * 2 * (profiler.DRAFT_PASS_REPEATS + 1)  # a warm-up and the timed passes, 2 row counts
+    assert all(v == ("verify", r) and d == ("draft", r) for v, d, r in
+               zip(passes[::2], passes[1::2], [1, 2] * (profiler.DRAFT_PASS_REPEATS + 1)))
+    assert all(d > 0 for d in cost.draft_seconds)
