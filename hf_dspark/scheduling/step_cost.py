@@ -13,7 +13,10 @@ differ a lot: one long row widens every row, and the drafter pass is a fixed pri
 ``StepCostProfile`` measures exactly that grid (``profile_step_cost``); it still answers SPS(B) lookups (B
 tokens laid out in rows of 1 + γ) so every SPS-based policy can use it unchanged. The engine's start-up profile
 is coarse and time-limited by default (SmolLM2 on a loaded 2-core CPU: ~25 s, was minutes), says so in one
-WARNING line when it is slow, and ``profile_step_cost(..., refine=True)`` measures the fine grid on demand.
+WARNING line when it is slow, and ``profile_step_cost(..., refine=True)`` measures the fine grid on demand. The
+verify table is the target's, cached without the drafter (every engine and ``generate`` call on a target prices a
+verify step alike); each drafter's pass costs are cached beside it, timed between target forwards as the loop
+runs them.
 """
 
 from __future__ import annotations
