@@ -299,6 +299,15 @@ class RaggedBatch:
         self.draft_cache = draft.extend_context(cache, update.features, update.positions, update.valid,
                                                 update.next_ids, packed=True, counts=update.counts)
 
+    def flush_backlog(self, draft) -> None:
+        """Project every deferred round but the latest (the next drafting pass takes that one as usual): what
+        rounds the drafter skipped left behind, so a drafting round can time its own work apart from it."""
+        if len(self._pending) <= 1:
+            return
+        latest = self._pending.pop()
+        self.flush_context(draft)
+        self._pending.append(latest)
+
     def row_caches(self, row: int, draft=None) -> tuple[DynamicCache, DraftCache | None]:
         """Row ``row``'s committed K/V as a dense batch-1 target cache (slot = position: its holes dropped) and,
         with ``draft``, its drafter context (deferred rounds projected first): what a later request continuing

@@ -111,14 +111,19 @@ class SpeculativeRound:
         any_sampled = any(modes)
         cost = self.cost if self.policy.needs_step_cost else None
         # Rounds skipped by the drafter left their context unprojected; whichever round projects it (the next drafting
-        # pass, or the bounded-memory flush) pays for all of them. Every token's context is projected sooner or
-        # later, drafting or not, so that time is no price of drafting: such a round does not correct the
-        # step-time ratios (it would make a drafter that runs rarely look dearer the more rarely it runs).
-        backlog = self.drafter is not None and batch.num_deferred_steps > 1  # projected below if the drafter runs
+        # round, or the bounded-memory flush) pays for all of them. Every token's context is projected sooner or
+        # later, drafting or not, so that time is no price of drafting: it is projected apart, timed, and left out
+        # of the time the round reports (counted in, a drafter that runs rarely would look dearer the more rarely
+        # it runs; left unreported, a drafter stopped by a dear-looking step could never be re-priced, since each
+        # probe after skipped rounds carries a backlog).
         plan = self._plan(rows, budgets, cost, row_ids, any_sampled)
         block, proposed, confidence = None, np.zeros(rows, dtype=np.int64), None
-        projected_backlog = backlog and plan.run_drafter
+        upkeep = 0.0
         if plan.run_drafter:
+            if batch.num_deferred_steps > 1:
+                upkeep_start = time.perf_counter()
+                batch.flush_backlog(self.drafter)
+                upkeep = time.perf_counter() - upkeep_start
             block, proposed, confidence = self._draft(batch, processor, any_sampled, modes if per_row else None,
                                                       generator)
             if plan.proposals is not None and confidence is not None:
@@ -163,15 +168,16 @@ class SpeculativeRound:
             batch.defer_context(tap.features()[:, :span], positions[:, :span], kept[:, :span], next_ids,
                                 counts=[a + 1 for a in num_accepted])
             if batch.num_deferred_steps >= self.max_deferred_rounds:
+                upkeep_start = time.perf_counter()
                 batch.flush_context(self.drafter)  # bounded memory while the drafter stays skipped
-                projected_backlog = True
+                upkeep += time.perf_counter() - upkeep_start
         batch.commit_round(kept, result.next_tokens, result.num_accepted, host_accepted=num_accepted)
         self._observe(plan, confidence, drafter_rows, lengths, num_accepted, sources)
         end = time.perf_counter()
-        if self.observe_time and self.policy.needs_step_cost and not projected_backlog:
+        if self.observe_time and self.policy.needs_step_cost:
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
-            self.policy.observe_step(block is not None, predicted, end - start, sampled=any_sampled, wide=width > 1,
-                                     rows=rows)
+            self.policy.observe_step(block is not None, predicted, end - start - upkeep, sampled=any_sampled,
+                                     wide=width > 1, rows=rows)
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
                            draft_seconds=mid - start, verify_seconds=end - mid, sources=sources)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 import weakref
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import make_tiny_llama
 
 import hf_dspark.generation.speculative_round as round_module
 from hf_dspark import DSparkDraftModel
+from hf_dspark.generation.ragged_batch import RaggedBatch
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "numpy")
 
@@ -140,8 +142,10 @@ def test_padding_mask_only_where_the_batch_has_holes(lengths):
 def test_rounds_report_their_width_class_with_their_time():
     """The policy corrects wide and 1-token steps apart, so each timed round must say which it was (and how many
     rows it ran): a round is reported as wide exactly when it verified drafts (width > 1), drafted or lookup. A
-    drafting round that first projects the context of rounds the drafter skipped is not reported: that projection
-    is paid whether or not the drafter runs (a flush bounds the backlog), so it is no price of drafting."""
+    drafting round that first projects the context of rounds the drafter skipped is reported too, without that
+    projection's time: it is paid whether or not the drafter runs (a flush bounds the backlog), so it is no price
+    of drafting — and unreported, a drafter stopped by a dear-looking step could never be re-priced (every probe
+    after skipped rounds carries a backlog). The backlog's projection is made slow here: no report may carry it."""
     from hf_dspark.scheduling.policies import ScheduledPolicy
 
     class EveryThirdRoundDrafts(ScheduledPolicy):  # the drafter skips two rounds, then drafts (with a backlog)
@@ -159,8 +163,14 @@ def test_rounds_report_their_width_class_with_their_time():
     torch.manual_seed(1)
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]])  # repeats: lookup proposes
-    widths, reports = [], []
+    widths, reports, seconds = [], [], []
     real_run, real_observe = round_module.SpeculativeRound.run, ScheduledPolicy.observe_step
+    real_flush_backlog = RaggedBatch.flush_backlog
+    slow = 0.25
+
+    def flush_backlog(self, draft):
+        time.sleep(slow)
+        return real_flush_backlog(self, draft)
 
     def run(self, batch, *args, **kwargs):
         backlog = batch.num_deferred_steps
@@ -168,17 +178,22 @@ def test_rounds_report_their_width_class_with_their_time():
         widths.append((result.width, result.block is not None, backlog))
         return result
 
-    def observe_step(self, drafted, predicted_seconds, seconds, *, sampled=False, wide=None, rows=None):
+    def observe_step(self, drafted, predicted_seconds, step_seconds, *, sampled=False, wide=None, rows=None):
         assert rows == 1  # and its row count (corrections are kept per row count)
         reports.append((wide, drafted))
-        return real_observe(self, drafted, predicted_seconds, seconds, sampled=sampled, wide=wide, rows=rows)
+        seconds.append(step_seconds)
+        return real_observe(self, drafted, predicted_seconds, step_seconds, sampled=sampled, wide=wide, rows=rows)
 
     round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = run, observe_step
+    RaggedBatch.flush_backlog = flush_backlog
     try:
         target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
                         assistant_model=draft, dspark_policy=EveryThirdRoundDrafts())
     finally:
         round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = real_run, real_observe
-    assert reports == [(width > 1, drafted) for width, drafted, backlog in widths if not (drafted and backlog > 1)]
+        RaggedBatch.flush_backlog = real_flush_backlog
+    assert reports == [(width > 1, drafted) for width, drafted, backlog in widths]
     kinds = {(width > 1, drafted, drafted and backlog > 1) for width, drafted, backlog in widths}
     assert len(reports) > 3 and {(True, True, True), (False, False, False)} <= kinds, kinds
+    with_backlog = [s for s, (_, drafted, backlog) in zip(seconds, widths) if drafted and backlog > 1]
+    assert with_backlog and all(0 < s < slow for s in with_backlog), with_backlog
