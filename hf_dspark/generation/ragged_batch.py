@@ -59,15 +59,20 @@ def _left_pad(x: torch.Tensor, width: int, dim: int, value=0) -> torch.Tensor:
 
 def _stacked(tensors: Sequence[torch.Tensor], width: int, dim: int, value=0) -> torch.Tensor:
     """``tensors`` concatenated along dim 0, each right-aligned in ``width`` slots of ``dim`` (left-padded with
-    ``value``): one copy of each part into the result (padding then concatenating copies every part twice)."""
+    ``value``): one copy of each part into the result (padding then concatenating copies every part twice), and
+    only the padding filled (filling the whole result first wrote every slot twice: a 16-agent engine run spent
+    5 % of its time there)."""
     if len(tensors) == 1:
         return _left_pad(tensors[0], width, dim, value)
     shape = list(tensors[0].shape)
     shape[0], shape[dim] = sum(t.shape[0] for t in tensors), width
-    out = tensors[0].new_full(shape, value)
+    out = tensors[0].new_empty(shape)
     row = 0
     for t in tensors:
-        out[row: row + t.shape[0]].narrow(dim, width - t.shape[dim], t.shape[dim]).copy_(t)
+        rows, missing = out[row: row + t.shape[0]], width - t.shape[dim]
+        rows.narrow(dim, missing, t.shape[dim]).copy_(t)
+        if missing:
+            rows.narrow(dim, 0, missing).fill_(value)
         row += t.shape[0]
     return out
 

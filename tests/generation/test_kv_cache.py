@@ -90,3 +90,6 @@ def test_row_wise_gather_and_single_copy_stack_equal_the_reference_ops():
     assert torch.equal(_stacked(parts, 7, 2), torch.cat([_left_pad(p, 7, 2) for p in parts]))
     masks = [torch.ones(2, 4, dtype=torch.bool), torch.ones(1, 7, dtype=torch.bool)]
     assert torch.equal(_stacked(masks, 7, 1, value=False), torch.cat([_left_pad(m, 7, 1, value=False) for m in masks]))
+    # only the padding is filled (the result is allocated empty): a fill value that uninitialised memory cannot fake
+    parts = [torch.randn(2, 3, 4, 5, generator=gen), torch.randn(1, 3, 6, 5, generator=gen)]
+    assert torch.equal(_stacked(parts, 9, 2, value=-7.0), torch.cat([_left_pad(p, 9, 2, value=-7.0) for p in parts]))
