@@ -60,8 +60,7 @@ def _left_pad(x: torch.Tensor, width: int, dim: int, value=0) -> torch.Tensor:
 def _stacked(tensors: Sequence[torch.Tensor], width: int, dim: int, value=0) -> torch.Tensor:
     """``tensors`` concatenated along dim 0, each right-aligned in ``width`` slots of ``dim`` (left-padded with
     ``value``): one copy of each part into the result (padding then concatenating copies every part twice), and
-    only the padding filled (filling the whole result first wrote every slot twice: a 16-agent engine run spent
-    5 % of its time there)."""
+    only the padding filled (filling the whole result first wrote every slot twice)."""
     if len(tensors) == 1:
         return _left_pad(tensors[0], width, dim, value)
     shape = list(tensors[0].shape)
