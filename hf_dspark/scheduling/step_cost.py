@@ -468,8 +468,13 @@ def _time_draft_passes(target, draft, rows: list[int], *, context_len: int, repe
         cache.batch_repeat_interleave(r)
         ids = torch.randint(0, vocab, (r, 1), generator=generator).to(device)
         positions = torch.full((r, 1), context_len, device=device)
-        verify = functools.partial(target, input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
-                                   **{cache_name: cache})
+        forward = functools.partial(target, input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                                    **{cache_name: cache})
+
+        def verify(forward=forward, cache=cache) -> None:
+            forward()
+            cache.crop(-1)  # the context stays context_len long, however many passes are timed
+
         steps.append((verify, _draft_pass(draft, r, context_len=context_len, device=device, generator=generator)))
     times: list[list[float]] = [[] for _ in rows]
     active = list(range(len(rows)))
