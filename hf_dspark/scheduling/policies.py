@@ -270,8 +270,6 @@ class ScheduledPolicy(VerifyPolicy):
     cheap_evidence_steps: int = 8
     plain_refresh_interval: int = 32
     max_plain_refresh_interval: int = 512
-    #: weight of the round just before (when it drafted) in the drafter's estimate for the next round
-    recent_weight: float = 0.5
 
     def __init__(self, missing_confidence: float | ArrayLike = DEFAULT_MISSING_CONFIDENCE,
                  probe_interval: int = 32, survival_momentum: float = 0.9, online_calibration: bool = True,
@@ -336,7 +334,6 @@ class ScheduledPolicy(VerifyPolicy):
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
         self._survival_rounds = 0  # drafting rounds behind mean_survival
         self._best_survival: np.ndarray | None = None  # the highest mean survival after the learning rounds
-        self._last_survival: np.ndarray | None = None  # the drafter's survival in the round just before, if it drafted
         self._skipped_in_a_row = 0
 
     supports_lookup = True
@@ -358,7 +355,6 @@ class ScheduledPolicy(VerifyPolicy):
         survival = prefix_survival(conf)
         if rows.any() and survival.shape[1]:
             self._remember(survival[rows])
-            self._last_survival = survival[rows].mean(axis=0)
         if self.objective == "padded" and _is_step_cost(sps):
             return _as_result(self._choose_width(survival, lengths, sps, drafted, all_greedy), max_lengths)
         rows, _, values = admission_order(survival)
@@ -402,14 +398,13 @@ class ScheduledPolicy(VerifyPolicy):
         if wants is not None:
             drafter_rows &= np.asarray(wants, dtype=bool)
         self.last_drafter_gain = None
-        estimate = self._drafter_estimate()
         if self._wants_plain_step():
             return np.zeros(num_rows, dtype=bool), False
         if not drafter_available or not drafter_rows.any():
             return expected_lookup > 0, False
         if self.mean_survival is None:  # the drafter's acceptance is unknown: draft, and learn it
             return np.zeros(num_rows, dtype=bool), True
-        drafter_survival = self._row_survival(estimate, num_rows, caps)
+        drafter_survival = self._row_survival(self.mean_survival, num_rows, caps)
         use_lookup = (expected_lookup > drafter_survival.sum(axis=1)) | ~drafter_rows
         if self._survival_rounds < self.min_learning_rounds and not use_lookup.all():
             return use_lookup, True  # the estimate rests on too few rounds yet: draft, and learn
@@ -456,22 +451,6 @@ class ScheduledPolicy(VerifyPolicy):
         if caps is not None:
             rows[np.arange(survival.size)[None, :] >= np.asarray(caps)[:, None]] = 0.0
         return rows
-
-    def _drafter_estimate(self) -> np.ndarray | None:
-        """The drafter's survival per position that this round is planned with (call once per round: it consumes
-        the round before): its long-run mean, blended (``recent_weight``) with the round just before when that one
-        drafted. Why: the mean moves ~10 % per drafting round, so a drafter stopped on text it drafted badly and
-        probed on text it drafts well (a list the reply repeats) stayed stopped — one probe's good round barely
-        moved the mean, the next probe came 64, then 128 rounds later (a drafter-only call drafted 7 of 94 rounds
-        on such a reply). The last round's calibrated confidences describe the text being written now: a probe
-        that finds it draftable starts a run of drafting rounds, which ends when the confidences fall. They depend
-        on drafts already verified only: lossless (see the class doc)."""
-        last, self._last_survival = self._last_survival, None
-        if last is None or self.mean_survival is None:
-            return self.mean_survival
-        width = max(last.size, self.mean_survival.size)
-        return ((1.0 - self.recent_weight) * _zero_padded(self.mean_survival, width)
-                + self.recent_weight * _zero_padded(last, width))
 
     def _optimistic_survival(self) -> np.ndarray:
         """The drafter's best mean survival so far (the text may turn back to what it drafts well) with every
@@ -704,13 +683,12 @@ class ScheduledPolicy(VerifyPolicy):
         Always True for the first ``min_learning_rounds`` drafting rounds (too little known yet), unless no row may
         verify a draft (``caps`` all 0); after a run of skipped steps a probe, where one could find drafting
         paying."""
-        estimate = self._drafter_estimate()
         if (caps is not None and not np.any(np.asarray(caps) > 0)) or self._wants_plain_step():
             return False
         if (self.mean_survival is None or self._survival_rounds < self.min_learning_rounds
                 or not _is_step_cost(cost) or num_requests < 1):
             return True
-        gamma = min(estimate.size, cost.max_width - 1)
+        gamma = min(self.mean_survival.size, cost.max_width - 1)
         factors = self.step_time_factors(gamma, drafted=True, sampled=sampled, rows=num_requests)
         plain = num_requests / cost.verify(num_requests, 1)  # the kind every correction is relative to
 
@@ -718,7 +696,7 @@ class ScheduledPolicy(VerifyPolicy):
             rows = self._row_survival(survival, num_requests, caps)[:, :gamma]
             return padded_width_path(rows, cost, step_factors=factors)[1:].max(initial=0.0)
 
-        pays = bool(best(estimate) > plain)
+        pays = bool(best(self.mean_survival) > plain)
         if not pays and self._probe_due(lambda: best(self._optimistic_survival()) > plain):
             return True
         self._note_decision(pays)

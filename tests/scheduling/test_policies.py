@@ -501,32 +501,6 @@ def test_probes_back_off_while_drafting_keeps_not_paying():
     assert [policy.wants_drafts(4, dear) for _ in range(3)] == [False, False, True]
 
 
-def test_a_probe_on_draftable_text_starts_a_run_of_drafting_rounds():
-    """A drafter stopped on text it drafted badly (conditional acceptance 0.2) is probed on text it drafts well
-    (0.95): the next round is planned with that round's confidences blended in, so drafting continues while they
-    stay high and stops when they fall. With the long-run mean alone (``recent_weight`` 0) one good probe moved it
-    too little, and the drafter stayed stopped until the next probe, twice as far away."""
-    cost = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.08, rows=(1, 2, 4, 8))
-    low, high = torch.full((1, 5), 0.2, dtype=torch.float64), torch.full((1, 5), 0.95, dtype=torch.float64)
-    lengths = torch.full((1,), 5)
-    outcomes = {}
-    for weight in (0.5, 0.0):
-        policy = make_policy("scheduled", probe_interval=3)
-        policy.recent_weight = weight
-        for _ in range(14):  # fewer than min_probe_evidence: probes are not gated yet
-            policy.choose(low, lengths, cost)
-        assert [policy.wants_drafts(1, cost) for _ in range(4)] == [False, False, False, True]  # the probe
-        policy.choose(high, lengths, cost)  # the probe's round: the text is draftable now
-        runs = [policy.wants_drafts(1, cost)]
-        policy.choose(high, lengths, cost)
-        runs.append(policy.plan_sources(np.zeros((1, 2)), cost, drafter_available=True)[1])
-        policy.choose(low, lengths, cost)  # the text turned
-        runs.append(policy.wants_drafts(1, cost))
-        outcomes[weight] = runs
-    assert outcomes[0.5] == [True, True, False]
-    assert outcomes[0.0][0] is False
-
-
 def test_no_probes_where_even_a_much_better_drafter_could_not_pay():
     """A 10 s drafter pass on a 0.1 s step: drafting could not pay even with perfect drafts, so once its estimate
     rests on enough drafting rounds the policy never probes (a probe there only costs). When the load changes to
