@@ -1,4 +1,7 @@
-"""A/B: the streak (recent_weight 0.5) vs the long-run mean alone (0), fused generate, T = 0, interleaved."""
+"""A/B: the streak vs the long-run mean alone (recent_weight 0), fused generate, T = 0, interleaved.
+
+Runs at 1259bca only (the reverted streak). ``python ab_recent.py MT CHAT [blend|max]``: "blend" (default) weighs
+the round before 0.5 (ab_streak_blend.txt); "max" only lets it raise the mean (ab_streak_max.txt)."""
 import sys, time, logging, torch, numpy as np
 torch.set_num_threads(2)
 sys.path.insert(0, "/work/main/scripts")
@@ -11,8 +14,22 @@ logging.basicConfig(level=logging.WARNING)
 target, tok = load_target(None)
 drafter = load_drafter(None, target).model
 pols = {}
-for name, w in (("recent 0.5", 0.5), ("recent 0", 0.0)):
-    pols[name] = ScheduledPolicy(); pols[name].recent_weight = w
+from hf_dspark.scheduling.policies import _zero_padded
+
+
+class MaxPolicy(ScheduledPolicy):
+    def _drafter_estimate(self):
+        last, self._last_survival = self._last_survival, None
+        if last is None or self.mean_survival is None:
+            return self.mean_survival
+        width = max(last.size, self.mean_survival.size)
+        mean = _zero_padded(self.mean_survival, width)
+        return np.maximum(mean, 0.5 * mean + 0.5 * _zero_padded(last, width))
+
+
+pols["recent 0.5"] = MaxPolicy() if sys.argv[3:] == ["max"] else ScheduledPolicy()
+pols["recent 0"] = ScheduledPolicy()
+pols["recent 0"].recent_weight = 0.0
 arms = {"lookup only": {"dspark_lookup": "only", "dspark_lookup_scope": "lookup"}}
 arms.update({n: {"dspark_lookup_scope": n, "dspark_policy": p} for n, p in pols.items()})
 convs = []
