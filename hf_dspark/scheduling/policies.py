@@ -236,10 +236,11 @@ class ScheduledPolicy(VerifyPolicy):
     resolved, so lossless too); when not, the engine skips the drafter for that step and verifies nothing,
     probing again after ``probe_interval`` skipped steps (twice as many after each probe that found drafting still
     not paying: ``probe_backoff``) so the estimate follows the traffic — but, once the
-    estimate rests on ``min_probe_evidence`` drafting rounds, only at a load where drafting would pay if the
+    estimate rests on ``min_probe_evidence`` drafted rows, only at a load where drafting would pay if the
     drafter's conditional acceptance were up to ``probe_headroom`` × the best it has shown: a probe costs a drafter
     pass, and at a load where even a much better drafter could not pay (a busy CPU engine) it can only lose. The
-    first ``min_learning_rounds`` drafting rounds always draft (one round of one row is no estimate). Rows that
+    first drafting rounds always draft, until ``min_learning_rows`` drafted rows (summed over rounds) back the
+    estimate (one round of one row is no estimate; one round of 16 rows is as much as 16 rounds of one). Rows that
     may commit just one more token (a budget of 1) can verify no draft, so neither they nor a round of only such
     rows draft. Every kind of step but a plain one is priced
     ``speculation_margin`` (1.05) × its estimated time: the estimates are noisy, and choosing whichever looks best
@@ -259,9 +260,12 @@ class ScheduledPolicy(VerifyPolicy):
     """
 
     needs_step_cost = True
-    #: drafting rounds behind the drafter's estimate before it may stop the drafter (the first ones always draft)
-    min_learning_rounds: int = 4
-    #: drafting rounds behind the drafter's estimate before probes are gated by ``probe_headroom``
+    #: drafted rows (summed over drafting rounds) behind the drafter's estimate before it may stop the drafter (the
+    #: first rounds always draft). Counted in rows, not rounds: the rows of one round are different texts, as much
+    #: evidence as as many rounds of one row, and at 16 rows each learning round was a drafter pass and a wide verify
+    #: at a load where drafting cannot pay (4 rounds there cost ~1 % of a 16-agent run)
+    min_learning_rows: int = 4
+    #: drafted rows behind the drafter's estimate before probes are gated by ``probe_headroom``
     min_probe_evidence: int = 16
     #: plain steps timed before κ is trusted (ρ of one step is that step's noise), and the first refresh interval:
     #: after that many timed speculative steps in a row a plain one re-times ρ (the interval doubles per refresh)
@@ -333,6 +337,7 @@ class ScheduledPolicy(VerifyPolicy):
         self.last_drafter_gain: float | None = None
         self.mean_survival: np.ndarray | None = None  # running mean over steps of Σ_r a_{r,j} / R, per j
         self._survival_rounds = 0  # drafting rounds behind mean_survival
+        self._survival_rows = 0  # drafted rows behind it, summed over those rounds
         self._best_survival: np.ndarray | None = None  # the highest mean survival after the learning rounds
         self._skipped_in_a_row = 0
 
@@ -406,7 +411,7 @@ class ScheduledPolicy(VerifyPolicy):
             return np.zeros(num_rows, dtype=bool), True
         drafter_survival = self._row_survival(self.mean_survival, num_rows, caps)
         use_lookup = (expected_lookup > drafter_survival.sum(axis=1)) | ~drafter_rows
-        if self._survival_rounds < self.min_learning_rounds and not use_lookup.all():
+        if self._survival_rows < self.min_learning_rows and not use_lookup.all():
             return use_lookup, True  # the estimate rests on too few rounds yet: draft, and learn
         if use_lookup.all():
             return use_lookup, False
@@ -465,11 +470,11 @@ class ScheduledPolicy(VerifyPolicy):
     def _probe_due(self, plausible: Callable[[], bool] | None = None) -> bool:
         """After ``_probe_every`` skipped rounds: draft once to re-measure (and back the next probe off) — if
         ``plausible()`` says a probe could find drafting paying at this load; else the probe waits for one. The
-        drafter's estimate is trusted that far only once ``min_probe_evidence`` drafting rounds made it (one
+        drafter's estimate is trusted that far only once ``min_probe_evidence`` drafted rows made it (one
         round's confidences on one row are no basis for never drafting again)."""
         if self._skipped_in_a_row < self._probe_every:
             return False
-        if plausible is not None and self._survival_rounds >= self.min_probe_evidence and not plausible():
+        if plausible is not None and self._survival_rows >= self.min_probe_evidence and not plausible():
             return False
         self._skipped_in_a_row = 0
         self._probe_every = min(self.max_probe_interval, round(self._probe_every * self.probe_backoff))
@@ -533,11 +538,14 @@ class ScheduledPolicy(VerifyPolicy):
         self._reached = decay * self._reached + reached.sum(axis=0)
 
     def _remember(self, survival: np.ndarray) -> None:
-        """The drafter's mean survival per position: a plain mean of its first 1/(1 − momentum) drafting rounds,
-        a decayed mean after (one round of one row is a noisy estimate to start from)."""
-        mean = survival.mean(axis=0)
+        """The drafter's mean survival per position: a plain mean over the drafted rows of its first drafting rounds
+        (one round of one row is a noisy estimate to start from), a decayed mean once a round weighs less than
+        1 − momentum of it (after 1/(1 − momentum) rounds of equal size)."""
+        mean, rows = survival.mean(axis=0), survival.shape[0]
         if self.mean_survival is None:
             self.mean_survival, self._survival_rounds, self._best_survival = mean, 1, None
+            self._survival_rows = rows
+            self._note_best(mean.size)
             return
         # a round's width is that of its widest proposal (a long lookup proposal in the batch widens the drafter's
         # rows with zeros): the drafter's survival is zero past its block, so widths align by zero padding (a
@@ -545,9 +553,14 @@ class ScheduledPolicy(VerifyPolicy):
         width = max(mean.size, self.mean_survival.size)
         mean = _zero_padded(mean, width)
         self._survival_rounds += 1
-        weight = max(1.0 / self._survival_rounds, 1.0 - self.survival_momentum)
+        self._survival_rows += rows
+        weight = max(rows / self._survival_rows, 1.0 - self.survival_momentum)
         self.mean_survival = (1.0 - weight) * _zero_padded(self.mean_survival, width) + weight * mean
-        if self._survival_rounds >= self.min_learning_rounds:  # the best the drafter has done (probes aim at it)
+        self._note_best(width)
+
+    def _note_best(self, width: int) -> None:
+        """Past the learning rounds, the best mean survival the drafter has shown (what probes aim at)."""
+        if self._survival_rows >= self.min_learning_rows:
             best = self._best_survival
             self._best_survival = (self.mean_survival.copy() if best is None
                                    else np.maximum(_zero_padded(best, width), self.mean_survival))
@@ -680,12 +693,12 @@ class ScheduledPolicy(VerifyPolicy):
                      caps: np.ndarray | None = None) -> bool:
         """Whether drafting this step is expected to beat plain decoding at the current load (see class doc).
 
-        Always True for the first ``min_learning_rounds`` drafting rounds (too little known yet), unless no row may
+        Always True until ``min_learning_rows`` drafted rows back the estimate (too little known yet), unless no row may
         verify a draft (``caps`` all 0); after a run of skipped steps a probe, where one could find drafting
         paying."""
         if (caps is not None and not np.any(np.asarray(caps) > 0)) or self._wants_plain_step():
             return False
-        if (self.mean_survival is None or self._survival_rounds < self.min_learning_rounds
+        if (self.mean_survival is None or self._survival_rows < self.min_learning_rows
                 or not _is_step_cost(cost) or num_requests < 1):
             return True
         gamma = min(self.mean_survival.size, cost.max_width - 1)

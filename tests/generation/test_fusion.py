@@ -143,10 +143,10 @@ def test_expensive_verification_falls_back_to_plain_decoding(target, draft):
     """Where every verified token costs as much as a plain step, neither proposer can pay: plain rounds only."""
     forget(target)
     assert_plain_greedy_where_verifying_is_dear(target, draft)
-    # the first rounds draft to learn the drafter's acceptance (ScheduledPolicy.min_learning_rounds); then plain
+    # the first rounds draft to learn the drafter's acceptance (ScheduledPolicy.min_learning_rows); then plain
     # rounds only
     stats = draft.stats
-    assert stats.by_source["none"].rounds >= stats.rounds - ScheduledPolicy.min_learning_rounds
+    assert stats.by_source["none"].rounds >= stats.rounds - ScheduledPolicy.min_learning_rows
 
 
 def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkeypatch):
@@ -159,7 +159,7 @@ def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkey
     choose = ScheduledPolicy.choose
     monkeypatch.setattr(ScheduledPolicy, "choose", lambda self, *a, **k: walks.append(1) or choose(self, *a, **k))
     assert_plain_greedy_where_verifying_is_dear(target, draft)
-    assert len(walks) <= ScheduledPolicy.min_learning_rounds < 10 <= draft.stats.rounds  # drafting rounds only
+    assert len(walks) <= ScheduledPolicy.min_learning_rows < 10 <= draft.stats.rounds  # drafting rounds only
 
 
 def test_history_is_shared_only_within_a_scope(target, draft):

@@ -290,8 +290,8 @@ def test_registry():
 # ---------------------------------------------------------------------------------------------------------
 def learned(policy, confidences, max_lengths, cost):
     """``policy`` after the drafting rounds it always drafts to learn its drafter's acceptance (the estimate it
-    then decides by), each with these confidences."""
-    for _ in range(policy.min_learning_rounds):
+    then decides by: ``min_learning_rows`` drafted rows), each with these confidences."""
+    for _ in range(-(-policy.min_learning_rows // len(confidences))):
         policy.choose(confidences, max_lengths, cost)
     return policy
 
@@ -365,6 +365,26 @@ def test_wants_drafts_follows_load_and_probes():
     assert [fixed.wants_drafts(4, dear) for _ in range(8)] == [False, False, False, True] * 2
     # an SPS table (no step cost) gives no basis for skipping
     assert policy.wants_drafts(4, SPSProfile.from_user_table({1: 1.0}))
+
+
+def test_learning_is_counted_in_drafted_rows_not_rounds():
+    """The drafter's estimate needs ``min_learning_rows`` drafted rows: one round of 4 rows, four rounds of one row.
+    Until then the policy drafts even where drafting cannot pay; after, it stops (a busy engine paid a drafter pass
+    and a wide verify for every learning round). The mean over the learning rounds is a mean over their rows."""
+    dear = step_cost(verify_per_token=0.001, fixed=0.1, draft=0.35)
+    one_row, four_rows = make_policy("scheduled", probe_interval=100), make_policy("scheduled", probe_interval=100)
+    learning = []
+    for _ in range(one_row.min_learning_rows):
+        learning.append(one_row.wants_drafts(1, dear))
+        one_row.choose(torch.full((1, 5), 0.8, dtype=torch.float64), torch.full((1,), 5), dear)
+    assert learning == [True] * 4 and not one_row.wants_drafts(1, dear)
+    assert four_rows.wants_drafts(4, dear)
+    four_rows.choose(torch.full((4, 5), 0.8, dtype=torch.float64), torch.full((4,), 5), dear)
+    assert not four_rows.wants_drafts(4, dear)  # 4 rows drafted once: as much evidence as 4 rounds of one
+    weighted = make_policy("scheduled")
+    weighted.choose(torch.full((3, 2), 0.5, dtype=torch.float64), torch.full((3,), 2), dear)
+    weighted.choose(torch.full((1, 2), 0.9, dtype=torch.float64), torch.full((1,), 2), dear)
+    assert weighted.mean_survival[0] == pytest.approx((3 * 0.5 + 0.9) / 4)  # per row, not (0.5 + 0.9) / 2
 
 
 def test_online_calibration_corrects_over_confidence():
@@ -693,7 +713,7 @@ def test_rounds_of_other_widths_keep_learning_the_drafter():
         conf = np.zeros((2, width))
         conf[:, :4] = 0.5
         policy.choose(conf, np.array([4, 4]), cost, drafter_rows=np.ones(2, dtype=bool), drafted=True)
-    assert policy._survival_rounds == 6 >= policy.min_learning_rounds
+    assert policy._survival_rounds == 6 and policy._survival_rows == 12 >= policy.min_learning_rows
     assert policy.mean_survival.size == 10
     assert policy.mean_survival[:4] == pytest.approx(0.5 ** np.arange(1, 5))  # nothing verified: no correction
     assert not policy.mean_survival[4:].any()
