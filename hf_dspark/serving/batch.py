@@ -9,8 +9,10 @@ A finished request's row is *vacated*, not dropped at once: a request joining in
 written in place into the target and drafter caches (right-aligned, its left part holes), so neither the rows
 that stay nor the new one are copied. Dropping a row (``batch_select_indices``) and stacking a new one
 (``stack_rows``) each copy every row's K/V; once speculation staggers requests they finish and join one at a
-time, and those copies cost the engine ~4 % of its time at 16 requests. Rows left vacant are dropped before the
-next decode step, and a joining row wider than the batch is stacked as before.
+time, and those copies cost the engine ~4 % of its time at 16 requests. A joining row wider than the batch (an
+agent's conversation that grew past every other) widens every row to the left first, into free slots the cache
+buffers keep before their first slot (``kv_cache.GrowingLayer``), and takes its vacant row all the same; where
+that room runs out it is stacked. Rows left vacant are dropped before the next decode step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..generation.kv_cache import cache_from_tensors
+from ..generation.kv_cache import cache_from_tensors, extend_front, front_room
 from ..generation.ragged_batch import RaggedBatch, stack_draft_rows, stack_rows
 from ..modeling.draft_cache import DraftCache
 from .requests import Request
@@ -109,14 +111,12 @@ class RunningBatch(RaggedBatch):
         """Write joining rows into vacant rows, in place; returns the joining rows that did not go in (a row wider
         than the batch, or no vacant row left), regrouped."""
         self._complete_host_state()
-        width = self.num_slots
         vacant = sorted(self.vacant)
         rest: list[JoiningRows] = []
         for group in groups:
-            group_width = group.mask.shape[1]
             placed = []
             for i in range(len(group.requests)):
-                if not vacant or group_width > width or not self._write_row(vacant[0], group, i):
+                if not vacant or not self._write_row(vacant[0], group, i):
                     continue
                 self.vacant.discard(vacant.pop(0))
                 placed.append(i)
@@ -125,11 +125,17 @@ class RunningBatch(RaggedBatch):
         return rest
 
     def _write_row(self, row: int, group: JoiningRows, i: int) -> bool:
-        """Joining row ``i`` of ``group`` in place of vacant row ``row``, right-aligned (its left part holes)."""
+        """Joining row ``i`` of ``group`` in place of vacant row ``row``, right-aligned (its left part holes). A row
+        wider than the batch first widens every row to the left (:meth:`_widen`), where the cache has the room."""
         if (group.draft_cache is None) != (self.draft_cache is None):
+            return False
+        wider = group.mask.shape[1] - self.num_slots
+        if wider > 0 and front_room(self.cache) < wider:
             return False
         if self.draft_cache is not None and not self.draft_cache.replace_row(row, group.draft_cache, i):
             return False
+        if wider > 0:
+            self._widen(wider)
         width, group_width = self.num_slots, group.mask.shape[1]
         for layer, new in zip(self.cache.layers, group.cache.layers):
             layer.keys[row, :, width - group_width:] = new.keys[i]
@@ -142,6 +148,12 @@ class RunningBatch(RaggedBatch):
         self.host_trailing[row] = 0
         self.requests[row] = group.requests[i]
         return True
+
+    def _widen(self, slots: int) -> None:
+        """``slots`` more slot columns in front of every row, holes (the layout stacking would give every row: left
+        padding), written in the buffers' free front slots — no copy of the rows."""
+        extend_front(self.cache, slots)
+        self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], slots), self.mask], dim=1)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (finished and cancelled requests leave)."""

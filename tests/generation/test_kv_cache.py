@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from conftest import make_tiny_llama
 from transformers import DynamicCache
 
+from hf_dspark.generation import kv_cache
 from hf_dspark.generation.kv_cache import GrowingLayer, cache_from_tensors, growing_cache
 from hf_dspark.generation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
 
@@ -93,3 +95,29 @@ def test_row_wise_gather_and_single_copy_stack_equal_the_reference_ops():
     # only the padding is filled (the result is allocated empty): a fill value that uninitialised memory cannot fake
     parts = [torch.randn(2, 3, 4, 5, generator=gen), torch.randn(1, 3, 6, 5, generator=gen)]
     assert torch.equal(_stacked(parts, 9, 2, value=-7.0), torch.cat([_left_pad(p, 9, 2, value=-7.0) for p in parts]))
+
+
+def test_growing_layer_prepends_zeroed_slots_in_its_front_room():
+    """A buffer keeps free slots before its first one (the engine's batch widens to the left into them when a wider
+    request joins): prepended slots are zeros whatever the buffer held there (a masked NaN would still poison
+    attention), the keys stay a view of the same buffer, appends stay in place, and asking for more room than is
+    free is an error (the batch stacks instead)."""
+    layer = GrowingLayer()
+    first = torch.randn(2, 2, 5, 4)
+    layer.update(first, first + 1)
+    room = layer.front_room()
+    assert room >= kv_cache.MIN_LEAD_SLOTS
+    buffer = layer._key_buffer
+    buffer[:, :, :room] = float("nan")
+    layer._value_buffer[:, :, :room] = float("nan")
+    layer.extend_front(3)
+    assert layer.front_room() == room - 3 and layer._key_buffer is buffer
+    assert torch.equal(layer.keys, torch.cat([torch.zeros(2, 2, 3, 4), first], 2))
+    assert torch.equal(layer.values, torch.cat([torch.zeros(2, 2, 3, 4), first + 1], 2))
+    new = torch.randn(2, 2, 1, 4)
+    layer.update(new, new)
+    assert layer._key_buffer is buffer and torch.equal(layer.keys[:, :, -1:], new) and layer.keys.shape[2] == 9
+    with pytest.raises(ValueError, match="free"):
+        layer.extend_front(room)
+    layer.keys = layer.keys.clone()  # replaced by a tensor of its own: no room until its next buffer
+    assert layer.front_room() == 0

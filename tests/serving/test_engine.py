@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 
 from hf_dspark import DSparkDraftModel
+from hf_dspark.generation import kv_cache
 from hf_dspark.generation.ragged_batch import cache_kwarg
 from hf_dspark.modeling.modeling import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap
@@ -604,27 +605,39 @@ def test_joining_requests_take_finished_rows_in_place(target, draft, prompts, co
     assert len(engine._batch) == 0 and not engine._batch.vacant
 
 
-def test_a_prompt_wider_than_the_batch_is_stacked_instead(target, draft, prompts, continuations):
-    """The vacant row of a finished 3-token request is too narrow for a 16-token prompt: that one is stacked onto
-    the batch (the vacant row dropped), and both outputs stay plain greedy."""
+@pytest.mark.parametrize("front_room", [True, False])
+def test_a_prompt_wider_than_the_batch_widens_it_in_place_or_is_stacked(target, draft, prompts, continuations,
+                                                                         monkeypatch, front_room):
+    """The vacant row of a finished 3-token request is too narrow for a 16-token prompt: every row is widened to the
+    left into the cache buffers' free front slots and the prompt takes the vacant row in place (no copy of the
+    batch); with no front room in the buffers it is stacked onto the batch (the vacant row dropped). Both outputs
+    stay plain greedy either way."""
+    if not front_room:
+        monkeypatch.setattr(kv_cache, "MIN_LEAD_SLOTS", 0)
+        monkeypatch.setattr(kv_cache, "LEAD_FRACTION", 0.0)
     engine = make_engine(target, draft, "fixed", {"num_tokens": 2}, max_running_requests=2)
     short, done = engine.submit(prompts[2][:3], 8), engine.submit(prompts[3][:3], 2)
     while not done.done():
         engine.step()
     assert engine._batch.vacant
     wide = prompts[0] + prompts[1]
+    assert len(wide) > engine._batch.num_slots
     late = engine.submit(wide, 6)
     while engine.step():
         pass
-    assert engine.metrics()["joined_in_place"] == 0
+    assert engine.metrics()["joined_in_place"] == int(front_room)
     assert short.result().token_ids == plain_greedy(target, prompts[2][:3], 8)
     assert late.result().token_ids == plain_greedy(target, wide, 6)
 
 
 @torch.no_grad()
-def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, prompts):
+@pytest.mark.parametrize("wider", [False, True])
+def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, prompts, wider):
     """The joining request's committed K/V, mask and drafter context in a vacant row equal those it gets when stacked
-    onto the batch (the other rows untouched)."""
+    onto the batch (the other rows untouched) — also when its prompt is wider than the batch and every row is
+    widened to the left first (the batch as wide as stacking makes it)."""
+    joiner = prompts[1] + prompts[2] + prompts[3] if wider else prompts[3][:3]
+
     def batch_after_join(in_place: bool):
         engine = make_engine(target, draft, "fixed", {"num_tokens": 2}, max_running_requests=2)
         first, second = engine.submit(prompts[0], 2), engine.submit(prompts[1] + prompts[2], 12)
@@ -633,7 +646,9 @@ def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, pro
         assert engine._batch.vacant == {0} and not second.done()
         if not in_place:
             engine._batch.drop_vacant()
-        engine.submit(prompts[3][:3], 5)
+        width = engine._batch.num_slots
+        assert (len(joiner) > width) is wider
+        engine.submit(joiner, 5)
         engine._take_incoming()
         with engine._feature_tap() as tap:
             engine._admit()
@@ -647,6 +662,7 @@ def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, pro
         context = batch.draft_cache.row(row)
         other = batch.requests.index(next(r for r in batch.requests if r.request_id == second.request_id))
         other_kv = batch.cache.layers[0].keys[other][:, batch.mask[other].bool()]
+        assert batch.num_slots == max(width, len(joiner)) == batch.cache.get_seq_length()
         return layers, context, other_kv, batch.anchors[row], batch.anchor_positions[row]
 
     stacked, in_place = batch_after_join(False), batch_after_join(True)
