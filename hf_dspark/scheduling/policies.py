@@ -261,9 +261,9 @@ class ScheduledPolicy(VerifyPolicy):
 
     needs_step_cost = True
     #: drafted rows (summed over drafting rounds) behind the drafter's estimate before it may stop the drafter (the
-    #: first rounds always draft). Counted in rows, not rounds: the rows of one round are different texts, as much
-    #: evidence as as many rounds of one row, and at 16 rows each learning round was a drafter pass and a wide verify
-    #: at a load where drafting cannot pay (4 rounds there cost ~1 % of a 16-agent run)
+    #: first rounds always draft). Counted in rows, not rounds: one round of 16 rows (16 different texts) is as much
+    #: evidence as 16 rounds of one row, and at 16 rows each learning round was a drafter pass and a wide verify at a
+    #: load where drafting cannot pay (4 rounds there cost ~1 % of a 16-agent run)
     min_learning_rows: int = 4
     #: drafted rows behind the drafter's estimate before probes are gated by ``probe_headroom``
     min_probe_evidence: int = 16
