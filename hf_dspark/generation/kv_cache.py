@@ -9,7 +9,7 @@ Two costs of the stock cache show up in every round of a CPU loop:
 * ``DynamicLayer.update`` appends by ``torch.cat``, which copies the whole layer on every forward: with 16 rows of
   ~400 slots that is ~8 % of an engine step, and it grows with the context. :class:`GrowingLayer` appends into
   spare capacity instead (a quarter of its length, 64 to 1024 slots) and returns a view, so a round costs the K/V
-  it adds. The buffer keeps free slots before the first one too (an eighth of its length, 64 to 512), so that the
+  it adds. The buffer keeps free slots before the first one too (an eighth of its length, 64 to 256), so that the
   engine's batch can widen to the left in place when a request joins with a prompt wider than the batch.
 
 Both stay ``DynamicCache`` / ``DynamicLayer`` for transformers (masking, ``crop``, ``batch_select_indices``,
@@ -36,9 +36,9 @@ SPARE_FRACTION = 0.25
 #: than the batch widens every row to the left into them (zeroed holes) and takes a finished request's row in
 #: place, where it used to be stacked onto a copy of the whole batch (then the vacant row dropped: another copy,
 #: and a new buffer on the next append: a third) — 26 of 128 joins of a 16-agent run, widening by 1-78 slots;
-#: an eighth of the length, 64 to 512 slots
+#: an eighth of the length, 64 to 256 slots (memory: at most half the spare kept after the last slot)
 MIN_LEAD_SLOTS = 64
-MAX_LEAD_SLOTS = 512
+MAX_LEAD_SLOTS = 256
 LEAD_FRACTION = 0.125
 
 
