@@ -94,8 +94,9 @@ class GrowingLayer(DynamicLayer):
     def extend_front(self, slots: int) -> None:
         """Prepend ``slots`` zeroed slots (within :meth:`front_room`): holes for the caller's mask, zeros so that a
         masked key or value never carries a NaN into attention."""
-        if slots > self.front_room():
-            raise ValueError(f"GrowingLayer: {slots} slots asked before the first, {self.front_room()} free")
+        room = self.front_room()
+        if slots > room:
+            raise ValueError(f"GrowingLayer: {slots} slots asked before the first, {room} free")
         for name, buffer in (("keys", self._key_buffer), ("values", self._value_buffer)):
             current = getattr(self, name)
             start = self._start_in_buffer(current, buffer)

@@ -412,7 +412,7 @@ class ScheduledPolicy(VerifyPolicy):
         drafter_survival = self._row_survival(self.mean_survival, num_rows, caps)
         use_lookup = (expected_lookup > drafter_survival.sum(axis=1)) | ~drafter_rows
         if self._survival_rows < self.min_learning_rows and not use_lookup.all():
-            return use_lookup, True  # the estimate rests on too few rounds yet: draft, and learn
+            return use_lookup, True  # the estimate rests on too few drafted rows yet: draft, and learn
         if use_lookup.all():
             return use_lookup, False
         if not _is_step_cost(cost):

@@ -109,7 +109,7 @@ class RunningBatch(RaggedBatch):
 
     def _fill_vacant(self, groups: list[JoiningRows]) -> list[JoiningRows]:
         """Write joining rows into vacant rows, in place; returns the joining rows that did not go in (a row wider
-        than the batch, or no vacant row left), regrouped."""
+        than the batch by more than its caches' front room, or no vacant row left), regrouped."""
         self._complete_host_state()
         vacant = sorted(self.vacant)
         rest: list[JoiningRows] = []
