@@ -34,7 +34,7 @@ from .lookup import LookupHistoryKey, LookupProposer
 from .memory import LONG_MATCH_TOKENS, memory_for
 from .prefix_cache import CachedPrefix, weights_signature
 from .processing import RowLogitsProcessor, adapt_for_rows
-from .ragged_batch import RaggedBatch
+from .ragged_batch import RaggedBatch, fill_from_the_end
 from .row_tokens import RowTokens
 from .speculative_round import SpeculativeRound, prefill
 from .verification import verify
@@ -185,8 +185,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
                 memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
-            batch.keep(still)
-            active = [active[i] for i in still]
+            kept = fill_from_the_end(len(active), set(range(len(active))) - set(still))  # rows in any order
+            batch.keep(kept)
+            active = [active[i] for i in kept]
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
         call.end_lookup()

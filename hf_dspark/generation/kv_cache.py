@@ -36,8 +36,11 @@ SPARE_FRACTION = 0.25
 #: than the batch widens every row to the left into them (zeroed holes) and takes a finished request's row in
 #: place, where it used to be stacked onto a copy of the whole batch (then the vacant row dropped: another copy,
 #: and a new buffer on the next append: a third) — 26 of 128 joins of a 16-agent run, widening by 1-78 slots;
-#: an eighth of the length, 64 to 256 slots (memory: at most half the spare kept after the last slot)
-MIN_LEAD_SLOTS = 64
+#: an eighth of the length, 128 to 256 slots (memory: at most half the spare kept after the last slot). Why at
+#: least 128: an agent's next request is its last one plus a reply and a tool result (70-130 tokens with SmolLM2's
+#: chat template), and with 64 the joins that outgrew the room by a few slots were each a copy of the whole batch
+#: (0.3-0.85 s at 12-16 rows of ~240-580 slots, twice in a 16-agent run: ~2 % of it)
+MIN_LEAD_SLOTS = 128
 MAX_LEAD_SLOTS = 256
 LEAD_FRACTION = 0.125
 
@@ -103,6 +106,16 @@ class GrowingLayer(DynamicLayer):
             buffer[:, :, start - slots:start].zero_()
             setattr(self, name, buffer[:, :, start - slots:start + current.shape[2]])
 
+    def keep_leading_rows(self, rows: int) -> None:
+        """Keep rows [0, rows) as views of the same buffers: the rows past them are dropped without a copy and
+        appends stay in place (their memory is released when the buffer next grows, within ``MAX_SPARE_SLOTS``
+        appended slots)."""
+        for name, buffer_name in (("keys", "_key_buffer"), ("values", "_value_buffer")):
+            current, buffer = getattr(self, name), getattr(self, buffer_name)
+            in_buffer = self._start_in_buffer(current, buffer) is not None
+            setattr(self, name, current[:rows])
+            setattr(self, buffer_name, buffer[:rows] if in_buffer else None)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -130,6 +143,25 @@ def extend_front(cache: DynamicCache, slots: int) -> None:
         layer.extend_front(slots)
 
 
+def drop_rows_in_place(cache: DynamicCache, moves: Sequence[tuple[int, int]], rows: int) -> bool:
+    """Keep ``rows`` rows of ``cache`` where row ``dst`` takes row ``src`` for each (dst, src) of ``moves`` (every
+    ``dst`` < ``rows`` <= every ``src``) and every other kept row stays where it is: only the moved rows are copied,
+    the kept ones stay views of their buffers (``batch_select_indices`` copies every row that stays, and the next
+    append starts a new buffer: a second copy). False, nothing changed, for a cache whose layers are not all
+    :class:`GrowingLayer` (other layer kinds may keep per-row state of their own) or an object standing in for one."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(isinstance(layer, GrowingLayer) and layer.is_initialized for layer in layers):
+        return False
+    if any(not dst < rows <= src for dst, src in moves):
+        raise ValueError(f"drop_rows_in_place: every move must go from past the {rows} kept rows into them: {moves}")
+    for layer in cache.layers:
+        for dst, src in moves:
+            layer.keys[dst] = layer.keys[src]
+            layer.values[dst] = layer.values[src]
+        layer.keep_leading_rows(rows)
+    return True
+
+
 def cache_from_tensors(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], config) -> DynamicCache:
     """A ``DynamicCache`` holding ``layers`` (keys, values per layer) as they are — no copy (the stock
     ``DynamicCache(ddp_cache_data=...)`` copies each through ``torch.cat``). Layers grow as :class:`GrowingLayer`."""
@@ -142,4 +174,4 @@ def cache_from_tensors(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], conf
     return cache
 
 
-__all__ = ["GrowingLayer", "cache_from_tensors", "extend_front", "front_room", "growing_cache"]
+__all__ = ["GrowingLayer", "cache_from_tensors", "drop_rows_in_place", "extend_front", "front_room", "growing_cache"]

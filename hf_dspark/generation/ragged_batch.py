@@ -19,7 +19,7 @@ let a round decide cropping and compaction without reading anything back from th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from transformers import DynamicCache
 
 from ..modeling.draft_cache import ContextUpdate, DraftCache
 from ..modeling.target_support import cache_kwarg  # noqa: F401 (re-exported: this is where callers looked for it)
-from .kv_cache import cache_from_tensors
+from .kv_cache import cache_from_tensors, drop_rows_in_place
 
 
 def num_trailing_holes(mask: torch.Tensor) -> int:
@@ -139,6 +139,18 @@ def compact_draft_cache(cache: DraftCache) -> DraftCache:
                       cache.tail_positions)
 
 
+def fill_from_the_end(num_rows: int, leaving: Iterable[int]) -> list[int]:
+    """The rows to keep when ``leaving`` rows leave a batch of ``num_rows``: the rows that stay, each in its own
+    place except the last ones, which move into the places the leaving rows free below them. Handed to
+    :meth:`RaggedBatch.keep`, dropping rows then copies only the few that move (keeping the rows in order would
+    shift, so copy, every row after the first that leaves)."""
+    leaving = set(leaving)
+    staying = [row for row in range(num_rows) if row not in leaving]
+    kept = len(staying)
+    movers = iter(row for row in staying if row >= kept)
+    return [row if row not in leaving else next(movers) for row in range(kept)]
+
+
 class RaggedBatch:
     """Rows of a speculative batch sharing one target cache (``mask`` [R, S]: 1 = a committed token's K/V,
     0 = a hole) and one drafter cache; ``anchors`` [R] are each row's last committed token (not cached yet) at
@@ -205,7 +217,9 @@ class RaggedBatch:
             self.host_positions = self.anchor_positions.tolist()
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (finished and cancelled rows leave; host ints, in order)."""
+        """Keep only ``rows`` (finished and cancelled rows leave; host ints, in order). When every row that changes
+        place comes from past the kept ones (:func:`fill_from_the_end` orders them so), only those rows' K/V are
+        copied and the rest stay in place; any other order copies every kept row."""
         rows = list(rows)
         if len(rows) == self.mask.shape[0]:
             return
@@ -214,7 +228,10 @@ class RaggedBatch:
             return
         self._complete_host_state()
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self.cache.batch_select_indices(index)
+        moves = [(dst, src) for dst, src in enumerate(rows) if dst != src]
+        in_place = len(set(rows)) == len(rows) and all(src >= len(rows) for _, src in moves)
+        if not (in_place and drop_rows_in_place(self.cache, moves, len(rows))):
+            self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(rows)
@@ -345,5 +362,5 @@ class RaggedBatch:
         return True
 
 
-__all__ = ["RaggedBatch", "cache_kwarg", "compact_draft_cache", "compact_rows", "crop_trailing_holes", "num_trailing_holes",
-           "packing_index", "stack_draft_rows", "stack_rows"]
+__all__ = ["RaggedBatch", "cache_kwarg", "compact_draft_cache", "compact_rows", "crop_trailing_holes", "fill_from_the_end",
+           "num_trailing_holes", "packing_index", "stack_draft_rows", "stack_rows"]

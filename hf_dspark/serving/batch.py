@@ -12,7 +12,9 @@ that stay nor the new one are copied. Dropping a row (``batch_select_indices``) 
 time, and those copies cost the engine ~4 % of its time at 16 requests. A joining row wider than the batch (an
 agent's conversation that grew past every other) widens every row to the left first, into free slots the cache
 buffers keep before their first slot (``kv_cache.GrowingLayer``), and takes its vacant row all the same; where
-that room runs out it is stacked. Rows left vacant are dropped before the next decode step.
+that room runs out it is stacked. Rows left vacant are dropped before the next decode step, the last rows moving
+into their places (``ragged_batch.fill_from_the_end``): only the moved rows are copied, where keeping the rows in
+order copied every row (0.03-0.27 s each time agents finished at 14-16 rows of ~500 slots).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from ..generation.kv_cache import cache_from_tensors, extend_front, front_room
-from ..generation.ragged_batch import RaggedBatch, stack_draft_rows, stack_rows
+from ..generation.ragged_batch import RaggedBatch, fill_from_the_end, stack_draft_rows, stack_rows
 from ..modeling.draft_cache import DraftCache
 from .requests import Request
 
@@ -68,8 +70,10 @@ class RunningBatch(RaggedBatch):
         self.vacant.update(rows)
 
     def drop_vacant(self) -> None:
+        """Drop the vacant rows: the last rows move into their places (only those are copied; the order of rows
+        means nothing to the engine)."""
         if self.vacant:
-            self.keep([row for row in range(len(self.requests)) if row not in self.vacant])
+            self.keep(fill_from_the_end(len(self.requests), self.vacant))
 
     def join(self, groups: list[JoiningRows]) -> int:
         """Put freshly prefilled requests into the batch: into vacant rows in place where they fit, the rest

@@ -12,7 +12,7 @@ from conftest import make_tiny_llama
 from transformers import DynamicCache
 
 from hf_dspark.generation import kv_cache
-from hf_dspark.generation.kv_cache import GrowingLayer, cache_from_tensors, growing_cache
+from hf_dspark.generation.kv_cache import GrowingLayer, cache_from_tensors, drop_rows_in_place, growing_cache
 from hf_dspark.generation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
 
 
@@ -121,3 +121,31 @@ def test_growing_layer_prepends_zeroed_slots_in_its_front_room():
         layer.extend_front(room)
     layer.keys = layer.keys.clone()  # replaced by a tensor of its own: no room until its next buffer
     assert layer.front_room() == 0
+
+
+def test_rows_dropped_in_place_copy_only_the_rows_that_move():
+    """Dropping rows of a growing cache moves the last rows into the freed places and keeps the first rows as views
+    of the same buffers: the kept rows hold exactly their K/V, appends stay in that buffer, and a move that does not
+    come from past the kept rows is refused (it would overwrite a row before reading it)."""
+    layers = [GrowingLayer(), GrowingLayer()]
+    cache = DynamicCache()
+    cache.layers = layers
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randn(4, 2, 5, 3, generator=gen) for _ in layers]
+    for layer, k in zip(layers, rows):
+        layer.update(k, k + 1)
+    buffers = [layer._key_buffer for layer in layers]
+    assert drop_rows_in_place(cache, [(0, 3)], 2)  # rows 0 and 2 leave: row 3 takes row 0's place, row 1 stays
+    for layer, k, buffer in zip(layers, rows, buffers):
+        assert torch.equal(layer.keys, k[[3, 1]]) and torch.equal(layer.values, k[[3, 1]] + 1)
+        assert layer.keys.data_ptr() == buffer[:, :, layer.front_room():].data_ptr()  # a view, not a copy
+    new = torch.randn(2, 2, 1, 3, generator=gen)
+    for layer in layers:
+        layer.update(new, new)
+    for layer, k, buffer in zip(layers, rows, buffers):
+        assert layer._key_buffer.data_ptr() == buffer.data_ptr() and layer.keys.shape == (2, 2, 6, 3)
+        assert torch.equal(layer.keys, torch.cat([k[[3, 1]], new], 2))
+    with pytest.raises(ValueError, match="kept rows"):
+        drop_rows_in_place(cache, [(0, 1)], 2)
+    stock = DynamicCache(ddp_cache_data=[(rows[0], rows[0])])
+    assert not drop_rows_in_place(stock, [(0, 3)], 2) and stock.layers[0].keys.shape[0] == 4  # untouched

@@ -78,3 +78,35 @@ def test_leading_columns_that_are_holes_in_every_row_are_cropped_as_views(tiny_t
         assert torch.equal(layer.keys, k[:, :, 2:]) and layer.keys.data_ptr() == stored[:, :, 2:].data_ptr()
         assert torch.equal(layer.values, v[:, :, 2:])
     assert batch.cache.get_seq_length() == 4 and batch.crop_shared_leading_holes() == 0
+
+
+def test_vacant_rows_are_filled_from_the_end_copying_only_the_rows_that_move(tiny_target):
+    """Finished requests' rows leave by the last rows moving into their places: every request keeps its own K/V,
+    mask, anchor and host mirrors, and the rows that did not move stay views of the same buffers (dropping rows in
+    order copied every row after the first that left)."""
+    from hf_dspark.generation.kv_cache import cache_from_tensors
+    from hf_dspark.generation.ragged_batch import fill_from_the_end
+
+    assert fill_from_the_end(5, {0, 2}) == [3, 1, 4]  # rows 3 and 4 take the places of 0 and 2
+    assert fill_from_the_end(4, {3}) == [0, 1, 2] and fill_from_the_end(3, {0, 1, 2}) == []
+    batch = RunningBatch(tiny_target.config, torch.device("cpu"))
+    layers = tiny_target.config.num_hidden_layers
+    gen = torch.Generator().manual_seed(0)
+    keys = [torch.randn(5, 2, 6, 4, generator=gen) for _ in range(layers)]
+    batch.cache = cache_from_tensors([(k, k + 1) for k in keys], tiny_target.config)
+    for index in range(layers):  # one append each: every layer a view of a growing buffer
+        batch.cache.update(*(2 * [torch.zeros(5, 2, 1, 4)]), index)
+    batch.mask = torch.arange(35).reshape(5, 7) % 3
+    batch.anchors, batch.anchor_positions = torch.arange(5) + 10, torch.arange(5) + 20
+    batch.host_valid, batch.host_trailing, batch.host_positions = [1, 2, 3, 4, 5], [0] * 5, [20, 21, 22, 23, 24]
+    batch.requests = ["r0", "r1", "r2", "r3", "r4"]
+    before = [layer.keys for layer in batch.cache.layers]
+    full = [layer.keys.clone() for layer in batch.cache.layers]
+    batch.vacate([0, 2])
+    batch.drop_vacant()
+    assert batch.requests == ["r3", "r1", "r4"] and not batch.vacant
+    assert batch.anchors.tolist() == [13, 11, 14] and batch.host_valid == [4, 2, 5]
+    assert batch.host_positions == [23, 21, 24]
+    assert torch.equal(batch.mask, (torch.arange(35).reshape(5, 7) % 3)[[3, 1, 4]])
+    for layer, old, stored in zip(batch.cache.layers, full, before):
+        assert torch.equal(layer.keys, old[[3, 1, 4]]) and layer.keys.data_ptr() == stored.data_ptr()
