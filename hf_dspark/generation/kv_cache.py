@@ -9,7 +9,7 @@ Two costs of the stock cache show up in every round of a CPU loop:
 * ``DynamicLayer.update`` appends by ``torch.cat``, which copies the whole layer on every forward: with 16 rows of
   ~400 slots that is ~8 % of an engine step, and it grows with the context. :class:`GrowingLayer` appends into
   spare capacity instead (a quarter of its length, 64 to 1024 slots) and returns a view, so a round costs the K/V
-  it adds. The buffer keeps free slots before the first one too (an eighth of its length, 64 to 256), so that the
+  it adds. The buffer keeps free slots before the first one too (an eighth of its length, 128 to 256), so that the
   engine's batch can widen to the left in place when a request joins with a prompt wider than the batch.
 
 Both stay ``DynamicCache`` / ``DynamicLayer`` for transformers (masking, ``crop``, ``batch_select_indices``,
