@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.embedded import load_target
+from hf_dspark.loading import load_target
 from hf_dspark.evaluation.heldout import read_heldout, run_heldout
 
 

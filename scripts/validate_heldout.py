@@ -22,8 +22,8 @@ import torch
 from torch.utils.data import Subset
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.embedded import load_target
-from hf_dspark.evaluation.heldout import greedy_block_acceptance
+from hf_dspark.loading import load_target
+from hf_dspark.training.validation import greedy_block_acceptance
 from hf_dspark.training.target_cache import TargetCacheDataset
 from hf_dspark.training.trainer import evaluate_on_cache
 

@@ -8,7 +8,8 @@ drafter on them through the public ``target.generate(..., assistant_model=draft)
 
 It also returns the target's answers: at T = 0 speculative decoding is token-identical to plain greedy decoding,
 so one run yields the held-out conversations a cheap cache-based validation curve (τ_probabilistic per
-checkpoint, :func:`~hf_dspark.training.trainer.evaluate_on_cache`) needs.
+checkpoint, :func:`~hf_dspark.training.trainer.evaluate_on_cache` and
+:func:`~hf_dspark.training.validation.greedy_block_acceptance`) needs.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ from pathlib import Path
 
 import torch
 
-from ..training.anchors import IGNORE_LABEL
-from ..training.losses import compute_block_hidden
-from ..training.trainer import anchor_generator, block_batch
 from .benchmarks import DEEPSPEC_SEED, encode_chat_prompt, left_pad
 from .harness import FULL_PROPOSALS, _ensure_bound, _eos_ids, sampling_kwargs
 from .recorder import RoundRecorder, RoundTrace
@@ -96,57 +94,4 @@ def run_heldout(target, tokenizer, drafter, prompts: Sequence[HeldOutPrompt], *,
     return HeldOutRun(recorder.trace(), answers, time.perf_counter() - start, draft_seconds)
 
 
-@torch.no_grad()
-def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size: int = 4,
-                            seed: int = 0) -> dict:
-    """Greedy (T = 0) acceptance of ``drafter`` on a cache of the target's own *greedy* answers, every block at once.
-
-    Why it equals generation's greedy acceptance for a block: in such a cache the next token after each position
-    is the target's argmax, so teacher-forcing the sequential head with the cached tokens is exactly what drafting
-    sees while its drafts keep being accepted, and slot k is accepted iff the drafter's argmax (over the base
-    top-``sequential_top_k`` candidates, as ``draft_block`` does) equals the cached token. Unlike generation it
-    scores blocks from every anchor, not only where the previous round ended; seconds instead of minutes, so it
-    can score every checkpoint. Returns τ (bonus included) and conditional acceptance per position."""
-    cfg = drafter.config
-    gamma = cfg.block_size
-    reached, accepted = torch.zeros(gamma), torch.zeros(gamma)
-    tau_sum, blocks = 0.0, 0
-    was_training = drafter.training
-    drafter.eval()
-    param = next(drafter.parameters())
-    head, top_k = getattr(drafter, "markov_head", None), cfg.sequential_top_k
-    for start in range(0, len(dataset), batch_size):
-        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
-        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
-                                      batch["attention_mask"].to(param.device), targets.to(param.device),
-                                      batch["input_ids"].to(param.device))
-        full = targets.eval_mask.all(-1)  # blocks whose every slot has a label (no answer end inside)
-        h, labels, prev = hidden[full], targets.labels[full], targets.prev_ids[full]
-        if h.shape[0] == 0:
-            continue
-        base = drafter.compute_draft_logits(h).float()  # [M, γ, V']
-        if head is not None:
-            u = head.forward_teacher_forced(h, head.markov_w1(prev))
-            k = min(top_k or base.shape[-1], base.shape[-1])
-            cand = base.topk(k, dim=-1).indices  # [M, γ, k]
-            bias = head.bias(u.flatten(0, 1), cand.flatten(0, 1)).view(cand.shape)  # the head's own top-k bias
-            vals = base.gather(-1, cand) + bias.float()
-            draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
-        else:
-            draft = base.argmax(-1)
-        if drafter.draft_to_target is not None:
-            draft = drafter.draft_to_target[draft]
-        match = (draft.cpu() == labels) & (labels != IGNORE_LABEL)
-        run = match.long().cumprod(-1)  # slot k accepted iff slots 0..k all match
-        tau_sum += float((1 + run.sum(-1)).sum())
-        blocks += run.shape[0]
-        alive = torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1)
-        reached += alive.sum(0).float()
-        accepted += run.sum(0).float()
-    drafter.train(was_training)
-    return {"blocks": blocks, "tau_greedy": tau_sum / max(blocks, 1),
-            "conditional_acceptance": (accepted / reached.clamp(min=1)).tolist()}
-
-
-__all__ = ["HeldOutPrompt", "HeldOutRun", "greedy_block_acceptance", "read_heldout", "run_heldout"]
+__all__ = ["HeldOutPrompt", "HeldOutRun", "read_heldout", "run_heldout"]

@@ -30,7 +30,8 @@ is required: ``verifier_name_or_path=`` (CLI ``--verifier``), else the target th
 
 What the format or vLLM cannot express exactly is refused with :class:`SpeculatorsExportError` rather than written
 for vLLM to misread: speculators and vLLM build every draft layer as a Qwen3 layer (per-head q/k RMSNorm, one
-``attention_bias`` for q/k/v/o, bias-free MLP), so only drafters of Qwen3-family targets export; a DFlash drafter
+``attention_bias`` for q/k/v/o, bias-free MLP), so only drafters with Qwen3-style layers export (every new drafter
+has them, ``DSparkConfig.draft_layer_style``; older ones of non-Qwen3 targets do not); a DFlash drafter
 with the DeepSpec convention (the anchor slot predicts) is not what vLLM's ``dflash`` method runs
 (``sample_from_anchor=false``); and vLLM's DSpark runtime implements only the vanilla Markov head drafting from
 the anchor slot (gated / rnn heads, and DSpark with the upstream convention, need ``vllm_servable=False``).
@@ -49,6 +50,7 @@ import torch
 
 from ..modeling.architectures import architecture_of, has_sequential_head
 from ..modeling.configuration import DSparkConfig
+from ..modeling.families import PORTABLE_LAYER_STYLE, TARGET_LAYER_STYLE
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +80,19 @@ class SpeculatorsExportError(ValueError):
 # What can be exported
 # -------------------------------------------------------------------------------------------------------
 def _layer_family_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
-    if config.target_family == "qwen3":
+    if draft_layer_family(config) == PORTABLE_LAYER_STYLE:
         return None
-    return (f"its draft layers follow its {config.target_family!r} target (no per-head q/k RMSNorm), but speculators "
-            "and vLLM build every DSpark draft layer as a Qwen3 layer with q/k norms, so vLLM would run different "
-            "layers than the ones trained. Only drafters of Qwen3-family targets can be exported; serve this one "
-            "with hf-dspark (target.generate(..., assistant_model=draft)).")
+    return (f"its draft layers follow its {config.target_family!r} target (draft_layer_style='target': no per-head "
+            "q/k RMSNorm), but speculators and vLLM build every DSpark draft layer as a Qwen3 layer with q/k norms, "
+            "so vLLM would run different layers than the ones trained. Drafters built with Qwen3-style layers "
+            "(DSparkDraftModel.from_target's default, draft_layer_style='qwen3') export for any target; serve this "
+            "one with hf-dspark (target.generate(..., assistant_model=draft)).")
+
+
+def draft_layer_family(config: DSparkConfig) -> str:
+    """The family whose layer the drafter's backbone builds (its style, or its target's family)."""
+    style = getattr(config, "draft_layer_style", TARGET_LAYER_STYLE)
+    return config.target_family if style == TARGET_LAYER_STYLE else style
 
 
 def _head_problem(config: DSparkConfig, vllm_servable: bool) -> str | None:
@@ -147,7 +156,7 @@ def _raise_if_not_exportable(draft, vllm_servable: bool) -> None:
 def _transformer_layer_config(config: DSparkConfig, dtype: torch.dtype) -> dict:
     """The target's text config reshaped into speculators' draft-layer config (num_hidden_layers = draft layers)."""
     layer = dict(config.target_config)
-    layer.update(model_type=config.target_family, num_hidden_layers=config.num_hidden_layers,
+    layer.update(model_type=draft_layer_family(config), num_hidden_layers=config.num_hidden_layers,
                  layer_types=["full_attention"] * config.num_hidden_layers, use_sliding_window=False,
                  max_window_layers=config.num_hidden_layers, dtype=str(dtype).removeprefix("torch."))
     return layer
@@ -158,6 +167,8 @@ def _hf_dspark_block(config: DSparkConfig) -> dict:
     from .. import __version__
 
     return {"hf_dspark_version": __version__, "num_target_layers": config.num_target_layers,
+            "target_model_type": config.target_family,
+            "draft_layer_style": getattr(config, "draft_layer_style", TARGET_LAYER_STYLE),
             "target_name_or_path": config.target_name_or_path,
             "target_embedding_signature": config.target_embedding_signature,
             "confidence_temperatures": config.confidence_temperatures,

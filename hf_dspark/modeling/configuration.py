@@ -85,6 +85,11 @@ class DSparkConfig(PretrainedConfig):
         target_name_or_path (`str`): the target this drafter was built for (informational; checked softly).
         target_embedding_signature (`list[float]`): norms of a few target embedding rows, used to refuse a
             different target with identical shapes.
+        draft_layer_style (`str`, defaults to `"target"`): which layer the backbone builds with the target's
+            shapes. `"qwen3"` (what `DSparkDraftModel.from_target` gives new drafters): per-head q/k RMSNorm,
+            one `attention_bias` for q/k/v/o, no MLP bias, the layer speculators and vLLM build for every DSpark /
+            DFlash drafter, so the drafter exports whatever its target's family. `"target"`: the target family's
+            own layer (drafters saved before this field existed; their configs load with it).
         drafter_architecture (`str`, defaults to `"block"`): `"block"` (DSpark / DFlash) or `"eagle3"`, the
             Eagle3-style baseline: one autoregressive layer over [fc(target features) ; next-token embedding]
             that drafts one token per pass (`Eagle3DraftModel`; no sequential or confidence head, 1 layer).
@@ -115,6 +120,7 @@ class DSparkConfig(PretrainedConfig):
         target_embedding_signature: list[float] | None = None,
         hf_dspark_version: str | None = None,
         drafter_architecture: str = "block",
+        draft_layer_style: str = "target",
         **kwargs,
     ):
         target_config = dict(target_config or {})
@@ -147,6 +153,7 @@ class DSparkConfig(PretrainedConfig):
         self.target_embedding_signature = target_embedding_signature
         self.hf_dspark_version = hf_dspark_version or _version()
         self.drafter_architecture = drafter_architecture
+        self.draft_layer_style = draft_layer_style
         # transformers' pipeline / assisted-generation checks read these off the assistant's config.
         for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_size"):
             kwargs.setdefault(key, target_config.get(key))
@@ -216,6 +223,11 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"num_unpredicted_slots={self.num_unpredicted_slots} must be >= 0.")
         if self.num_unpredicted_slots and architecture.autoregressive:
             raise ValueError("num_unpredicted_slots applies to block drafters only.")
+        from .families import TARGET_FAMILIES, TARGET_LAYER_STYLE
+
+        styles = [TARGET_LAYER_STYLE, *sorted(TARGET_FAMILIES)]
+        if self.draft_layer_style not in styles:
+            raise ValueError(f"draft_layer_style={self.draft_layer_style!r} is not one of {styles}.")
         if self.sequential_top_k < 0:
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
 

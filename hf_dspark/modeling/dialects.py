@@ -330,8 +330,18 @@ def _speculators_config(raw: dict, target) -> DSparkConfig:
     extras.setdefault("sequential_top_k", _FOREIGN_TOP_K)
     stored_num_target_layers = extras.pop("num_target_layers", None)
     num_target_layers = _num_layers(target) or stored_num_target_layers
+    target_config = _target_text_config(layer, num_target_layers)
+    # speculators builds every draft layer as a Qwen3 layer, whatever its verifier: the layers keep that style and
+    # the target's family (the given target's, else the one our own export recorded) is what binding checks.
+    recorded = raw.get("hf_dspark") or {}
+    layer_model_type = target_config.get("model_type", "qwen3")
+    target_model_type = (target.config.get_text_config().model_type if target is not None
+                         else recorded.get("target_model_type")) or layer_model_type
+    target_config["model_type"] = target_model_type
+    extras["draft_layer_style"] = recorded.get("draft_layer_style") or (
+        "target" if layer_model_type == target_model_type else layer_model_type)
     return DSparkConfig(
-        target_config=_target_text_config(layer, num_target_layers), num_hidden_layers=int(layer["num_hidden_layers"]),
+        target_config=target_config, num_hidden_layers=int(layer["num_hidden_layers"]),
         target_layer_ids=layer_ids, num_target_layers=num_target_layers,
         block_size=_drafts_per_round(raw.get("block_size", 8), unpredicted, "block_size"),
         num_unpredicted_slots=unpredicted, mask_token_id=int(raw["mask_token_id"]),

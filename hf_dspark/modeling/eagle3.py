@@ -79,7 +79,7 @@ class Eagle3DraftModel(DSparkDraftModel):
     docstring. ``from_target`` builds one; ``DSparkDraftModel.from_pretrained`` loads it back as this class."""
 
     def _build_layers(self, tcfg) -> nn.ModuleList:
-        return nn.ModuleList([Eagle3Layer(tcfg, self.family)])
+        return nn.ModuleList([Eagle3Layer(tcfg, self.layer_family)])
 
     @classmethod
     def from_target(cls, target, block_size: int = 7, target_layer_ids: list[int] | None = None,

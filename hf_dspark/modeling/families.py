@@ -60,4 +60,19 @@ def _qwen2_rotary(cfg):
 register_target_family(TargetFamily("llama", _llama_rotary))
 register_target_family(TargetFamily("mistral", _llama_rotary))
 register_target_family(TargetFamily("qwen2", _qwen2_rotary, qkv_bias=lambda cfg: True, o_bias=lambda cfg: False))
-register_target_family(TargetFamily("qwen3", _qwen3_rotary, use_qk_norm=True))
+# Qwen3 layers have one attention_bias for q/k/v/o and never an MLP bias (a Llama config's mlp_bias is ignored).
+register_target_family(TargetFamily("qwen3", _qwen3_rotary, use_qk_norm=True, mlp_bias=lambda cfg: False))
+
+#: Draft layer styles: ``"target"`` copies the target family's layer (what drafters before ``draft_layer_style``
+#: had); any registered family name builds that family's layer with the target's shapes. New drafters use
+#: ``"qwen3"``, the one layer speculators and vLLM build for every DSpark / DFlash drafter, whatever the target.
+TARGET_LAYER_STYLE = "target"
+PORTABLE_LAYER_STYLE = "qwen3"
+
+
+def layer_family(layer_style: str, target_family: TargetFamily) -> TargetFamily:
+    """The family whose layer switches (q/k norm, biases) a drafter's backbone uses; RoPE, embedding scale and
+    logit soft-cap stay the target's, because they describe the target's positions, embedding and LM head."""
+    if layer_style == TARGET_LAYER_STYLE:
+        return target_family
+    return get_target_family(layer_style)

@@ -29,7 +29,7 @@ from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequenti
 from .configuration import DSparkConfig
 from .draft_cache import ContextUpdate, DraftCache
 from .drafting import DraftBlock, calibrated_confidence, draft_block, draw_draft_token  # noqa: F401 (re-exported)
-from .families import get_target_family
+from .families import PORTABLE_LAYER_STYLE, get_target_family, layer_family
 from .heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
 from .layers import DraftAttention, DraftDecoderLayer, DraftMLP, RMSNorm  # noqa: F401 (re-exported)
 
@@ -53,6 +53,7 @@ class DSparkDraftModel(PreTrainedModel):
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
         self.family = get_target_family(config.target_family)
+        self.layer_family = layer_family(getattr(config, "draft_layer_style", "target"), self.family)
         tcfg = self.target_text_config = AutoConfig.for_model(**config.target_config)
         d = config.target_hidden_size
         self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
@@ -75,7 +76,8 @@ class DSparkDraftModel(PreTrainedModel):
         self.post_init()
 
     def _build_layers(self, tcfg) -> nn.ModuleList:
-        return nn.ModuleList(DraftDecoderLayer(tcfg, self.family) for _ in range(self.config.num_hidden_layers))
+        return nn.ModuleList(DraftDecoderLayer(tcfg, self.layer_family)
+                             for _ in range(self.config.num_hidden_layers))
 
     def _init_weights(self, module: nn.Module) -> None:
         std = 0.02
@@ -104,8 +106,12 @@ class DSparkDraftModel(PreTrainedModel):
                     markov_rank: int = 256, target_layer_ids: list[int] | None = None,
                     mask_token_id: int | None = None, use_confidence_head: bool | None = None,
                     draft_vocab: Sequence[int] | torch.Tensor | None = None,
+                    draft_layer_style: str = PORTABLE_LAYER_STYLE,
                     **config_kwargs) -> "DSparkDraftModel":
         """A new, randomly initialised drafter shaped for ``target`` and bound to it.
+
+        ``draft_layer_style``: Qwen3-style layers by default, for any target, so the drafter exports to
+        speculators / vLLM; ``"target"`` copies the target family's layer instead (see ``DSparkConfig``).
 
         ``draft_vocab``: target token ids the drafter may propose (see ``DSparkConfig.draft_vocab_size``);
         ``None`` = all of them. :func:`hf_dspark.training.draft_vocabulary.most_frequent_tokens` picks them.
@@ -119,7 +125,8 @@ class DSparkDraftModel(PreTrainedModel):
             mask_token_id=mask_token_id,
             use_confidence_head=(head != NO_SEQUENTIAL_HEAD) if use_confidence_head is None else use_confidence_head,
             target_name_or_path=getattr(target, "name_or_path", None) or tcfg.name_or_path or None,
-            target_embedding_signature=embedding_signature(target), **config_kwargs)
+            target_embedding_signature=embedding_signature(target), draft_layer_style=draft_layer_style,
+            **config_kwargs)
         param = next(target.parameters())
         model = cls(config).to(device=param.device, dtype=param.dtype)
         model._init_final_norm_from(target)

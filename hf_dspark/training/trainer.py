@@ -43,6 +43,7 @@ LATEST_NAME = "latest"  # file in output_dir naming the newest complete checkpoi
 STATE_NAME = "trainer_state.pt"
 METRICS_NAME = "metrics.jsonl"
 FINAL_DIR = "drafter"
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
@@ -52,6 +53,9 @@ class DSparkTrainingConfig:
     ``max_minutes`` (float, defaults to None): wall-clock budget; training stops cleanly with a checkpoint.
     ``mixed_precision`` (str, defaults to "auto"): "auto" = bf16 autocast on GPU, fp32 on CPU; or "no"/"bf16".
     ``save_total_limit`` (int, defaults to 2): checkpoints kept (oldest deleted first; the final one always kept).
+    ``schedule`` (str, defaults to "cosine"): "cosine" = warm-up then cosine to 0 at ``max_steps`` (DeepSpec);
+    "constant" = warm-up then the full rate, for runs that stop when their time is up rather than at a length.
+    ``warmup_steps`` (int, defaults to None): warm-up length; None = ``warmup_ratio`` × ``max_steps``.
     """
 
     output_dir: str
@@ -73,8 +77,12 @@ class DSparkTrainingConfig:
     logging_steps: int = 1
     mixed_precision: str = "auto"
     progress: bool = True
+    schedule: str = "cosine"
+    warmup_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}.")
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
         if self.max_steps < 1:
@@ -88,7 +96,12 @@ class DSparkTrainingConfig:
 
     @property
     def num_warmup_steps(self) -> int:
-        return int(self.warmup_ratio * self.max_steps)
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
+
+    def lr_factor(self, step: int) -> float:
+        if self.schedule == "constant":
+            return min(1.0, (step + 1) / max(1, self.num_warmup_steps))
+        return lr_factor(step, self.num_warmup_steps, self.max_steps)
 
 
 def lr_factor(step: int, num_warmup: int, num_total: int) -> float:
@@ -207,7 +220,7 @@ class DSparkTrainer:
         self.model, self.optimizer = accelerator.prepare(_TrainingStep(drafter, config.loss), optimizer)
         # NOTE: the scheduler is not passed to prepare(): accelerate would step it once per process.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, config.num_warmup_steps, config.max_steps))
+            self.optimizer, config.lr_factor)
         self.step = 0
         self.stream = SampleStream(len(dataset), config.seed)
         self._resume_params = self._exact_resume_params()
@@ -402,12 +415,14 @@ class DSparkTrainer:
         for old in [p for p in checkpoints if p != keep][: max(0, len(checkpoints) - limit)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
+    def load_checkpoint(self, path: str | os.PathLike, exact: bool = True) -> None:
+        """Restore weights, optimizer, scheduler and step from a checkpoint. ``exact=False`` (a continuous run whose
+        data grew since): the settings may differ and the sample stream starts a fresh epoch over today's data."""
         path = Path(path)
         state = load_trainer_state(path / STATE_NAME)
         changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
                    if self._resume_params.get(k) != v}
-        if changed:
+        if changed and exact:
             raise ValueError(f"Cannot resume exactly from {path}: settings changed since it was written "
                              f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
         weights = load_file(path / "model.safetensors")  # load_state_dict copies onto the device
@@ -415,8 +430,18 @@ class DSparkTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        self.stream = SampleStream(len(self.dataset), self.config.seed, **state["stream"])
+        if exact:
+            self.stream = SampleStream(len(self.dataset), self.config.seed, **state["stream"])
+        else:
+            self.replace_dataset(self.dataset)
         logger.info("Resumed from %s at step %d", path, self.step)
+
+    def replace_dataset(self, dataset) -> None:
+        """Train on ``dataset`` from the next step on (a continuous run picks up data written since it started):
+        a fresh shuffled epoch, seeded by the step, so the order still depends only on where training is."""
+        self.dataset = dataset
+        self.stream = SampleStream(len(dataset), self.config.seed + self.step)
+        self._resume_params = self._exact_resume_params()
 
 
 def load_trainer_state(path: str | os.PathLike) -> dict:

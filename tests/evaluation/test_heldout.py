@@ -42,7 +42,7 @@ def test_run_heldout_records_full_blocks_and_greedy_answers(tmp_path):
 def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
     import math
 
-    from hf_dspark.evaluation.heldout import greedy_block_acceptance
+    from hf_dspark.training.validation import greedy_block_acceptance
     from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache
 
     target, tokenizer, dspark, dflash = make_setup()

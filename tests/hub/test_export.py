@@ -150,12 +150,38 @@ def test_convert_round_trip_native_speculators_native(target, tmp_path):
         assert torch.equal(back.state_dict()[name], tensor), name
 
 
-def test_llama_family_drafter_is_refused(tmp_path):
+def test_llama_target_drafter_with_its_targets_layers_is_refused(tmp_path):
     target = make_tiny_llama()
-    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16,
+                                         draft_layer_style="target")
     with pytest.raises(SpeculatorsExportError, match="Qwen3 layer with q/k norms"):
         save_as_speculators(draft, tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+def test_new_llama_target_drafter_has_qwen3_layers_and_round_trips_exactly(tmp_path):
+    target = make_tiny_llama()
+    target.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    draft = make_drafter(target)
+    assert draft.config.draft_layer_style == "qwen3" and not speculators_export_problems(draft.config)
+    save_as_speculators(draft, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == 2
+    assert layer["rope_parameters"] == target.config.rope_parameters
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == speculators_tensor_names(2, "markov", confidence=True)
+    for bound in (target, None):  # bound: the target's family; unbound: the one the export recorded
+        loaded = DSparkDraftModel.from_pretrained(tmp_path, target=bound)
+        assert loaded.config.target_family == "llama" and loaded.config.draft_layer_style == "qwen3"
+        ours, theirs = draft.state_dict(), loaded.state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
+    expected = target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft, dspark_lookup=False,
+                               dspark_confidence_threshold=0.0)
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=target)
+    got = target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=loaded, dspark_lookup=False,
+                          dspark_confidence_threshold=0.0)
+    assert torch.equal(got, expected)
 
 
 def test_dflash_drafter_is_refused(target, tmp_path):

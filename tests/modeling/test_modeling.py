@@ -184,9 +184,13 @@ def test_target_embedding_and_head_are_shared_not_owned(tiny_target):
 
 def test_qwen3_drafter_has_qk_norms(tiny_qwen3_target, tiny_target):
     qwen3, llama = make_drafter(tiny_qwen3_target), make_drafter(tiny_target)
-    assert "layers.0.self_attn.q_norm.weight" in qwen3.state_dict()
-    assert "layers.0.self_attn.k_norm.weight" in qwen3.state_dict()
-    assert not any("_norm" in name and "self_attn" in name for name in llama.state_dict())
+    for model in (qwen3, llama):  # new drafters build Qwen3-style layers for any target (they export to vLLM)
+        assert "layers.0.self_attn.q_norm.weight" in model.state_dict()
+        assert "layers.0.self_attn.k_norm.weight" in model.state_dict()
+    legacy = DSparkDraftModel.from_target(tiny_target, num_layers=1, block_size=GAMMA, markov_rank=RANK,
+                                          target_layer_ids=TAPS, draft_layer_style="target")
+    assert not any("_norm" in name and "self_attn" in name for name in legacy.state_dict())
+    assert type(llama.rotary_emb).__name__ == "LlamaRotaryEmbedding"  # RoPE stays the target's
     block = qwen3.draft_block(qwen3.extend_context(DraftCache(), features(5), torch.arange(5)[None]),
                               torch.tensor([3]), torch.tensor([5]))
     assert block.tokens.shape == (1, GAMMA) and torch.isfinite(block.draft_logits).any(-1).all()
@@ -245,3 +249,17 @@ def test_grown_drafter_proposes_what_it_did_and_trains_the_new_layer(tmp_path, t
     assert len(DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target).layers) == 3
     with pytest.raises(ValueError, match="shrink"):
         model.grow_layers(2)
+
+
+def test_drafters_saved_before_layer_styles_load_with_their_targets_layers(tiny_target, tmp_path):
+    legacy = DSparkDraftModel.from_target(tiny_target, num_layers=1, block_size=GAMMA, markov_rank=RANK,
+                                          target_layer_ids=TAPS, draft_layer_style="target")
+    legacy.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["draft_layer_style"]  # what every checkpoint written before the field holds
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
+    assert loaded.config.draft_layer_style == "target"
+    assert loaded.state_dict().keys() == legacy.state_dict().keys()
+    with pytest.raises(ValueError, match="draft_layer_style='gpt2' is not one of"):
+        DSparkDraftModel.from_target(tiny_target, num_layers=1, draft_layer_style="gpt2")

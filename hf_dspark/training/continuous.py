@@ -1,0 +1,228 @@
+"""A drafter training run that does not stop: every session continues the committed drafter on all the data there is.
+
+One call of :func:`train_continuously` is one session's share of a run that spans machines and sessions:
+
+1. the drafter starts from ``best_dir`` (the committed bf16 weights; on the very first run from ``init_from``,
+   converted to ``draft_layer_style`` and deepened to ``num_layers``), with a fresh optimizer and a constant
+   learning rate after a short warm-up (no session knows how long the run will last, so the schedule has no end);
+2. it trains on chat-record files (regenerated on-policy answers and human-written text alike), the target
+   prefilling each conversation when it is read (:class:`~.prefill_features.TargetPrefillDataset`): the signal is
+   as large as the text on disk, and files that grow while the run goes on (a regeneration beside it) are read
+   again at the next evaluation;
+3. every ``eval_every`` steps it checkpoints into ``run_dir`` (a crash resumes from there) and scores the drafter on
+   the fixed held-out cache (greedy τ, full block, per prompt set); each score is one row of ``curve_file`` with
+   the tokens seen since the run began, across sessions. When the held-out τ beats every earlier row, the bf16
+   weights go to ``best_dir`` for the session to commit.
+
+It stops at ``max_hours`` or when killed; nothing is lost but the steps since the last evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .losses import LossConfig
+from .prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
+from .target_cache import TargetCacheDataset
+from .trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
+from .validation import score_prompt_sets
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_NAME = "progress.json"  # in run_dir: tokens seen by this session's checkpoints
+
+
+@dataclass
+class ContinuousRecipe:
+    """Where the run lives and how it trains (see the module docstring)."""
+
+    data: list[str]  # chat-record files or glob patterns (jsonl / jsonl.gz)
+    heldout_cache: str  # target cache of the target's greedy answers to the held-out prompts
+    run_dir: str  # this machine's checkpoints and metrics (not committed)
+    best_dir: str  # the committed drafter (bf16): continued from, rewritten when held-out τ improves
+    curve_file: str  # the committed curve: one JSON row per evaluation
+    init_from: str | None = None  # first run only: the drafter to start from when best_dir holds none
+    num_layers: int | None = None  # first run only: deepen init_from to this many layers
+    draft_layer_style: str = "qwen3"  # first run only: the layer style init_from is converted to
+    eval_every: int = 200
+    max_hours: float | None = None
+    max_evaluations: int | None = None  # stop after this many evaluations (None: at max_hours or when killed)
+    lr: float = 3e-4
+    warmup_steps: int = 50
+    batch_size: int = 4
+    grad_accum: int = 1
+    num_anchors: int = 64
+    max_length: int = 1024
+    bf16_features: bool = True
+    seed: int = 0
+    session: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
+
+
+def start_drafter(target, recipe: ContinuousRecipe):
+    """The drafter this session continues: ``best_dir``'s, else ``init_from``'s converted to the recipe's layers."""
+    from ..modeling import DSparkDraftModel
+
+    if (Path(recipe.best_dir) / "config.json").is_file():
+        return DSparkDraftModel.from_pretrained(recipe.best_dir, target=target).float()
+    if recipe.init_from is None:
+        raise FileNotFoundError(f"{recipe.best_dir} holds no drafter yet: give init_from (a trained drafter to start "
+                                "from) for the first run.")
+    return convert_layer_style(DSparkDraftModel.from_pretrained(recipe.init_from, target=target).float(),
+                               target, recipe.draft_layer_style, recipe.num_layers)
+
+
+def convert_layer_style(drafter, target, style: str, num_layers: int | None = None):
+    """A drafter with ``style`` layers that starts from ``drafter``'s weights: every tensor both layouts have is
+    copied; q/k norms a Qwen3-style layer adds start at 1 (so attention changes only by the normalisation); layers
+    beyond the old ones are zero-output copies (:meth:`~hf_dspark.modeling.DSparkDraftModel.grow_layers`)."""
+    from ..modeling import DSparkDraftModel
+
+    config = copy.deepcopy(drafter.config)
+    config.draft_layer_style = style
+    fresh = DSparkDraftModel(config).to(next(drafter.parameters()).dtype)
+    missing, unexpected = fresh.load_state_dict(drafter.state_dict(), strict=False)
+    if unexpected or any("_norm" not in name for name in missing):
+        raise ValueError(f"Cannot convert the drafter's layers to {style!r}: missing {missing}, unexpected "
+                         f"{unexpected}.")
+    fresh.bind_target(target)
+    if num_layers and num_layers > fresh.config.num_hidden_layers:
+        fresh.grow_layers(num_layers)
+    logger.info("Drafter converted to %s-style layers (%d layer(s)); new tensors: %s", style,
+                fresh.config.num_hidden_layers, missing or "none")
+    return fresh
+
+
+def save_bf16(drafter, out_dir: str | os.PathLike) -> Path:
+    """Write the drafter's weights in bf16 (half the bytes; training continues from them in fp32)."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    state = {name: t.detach().to(torch.bfloat16) if t.is_floating_point() else t.detach()
+             for name, t in drafter.state_dict().items()}
+    drafter.save_pretrained(tmp, state_dict=state)
+    config = json.loads((tmp / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    os.replace(tmp, out)
+    return out
+
+
+def read_curve(path: str | os.PathLike) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def held_out_tau(row: dict) -> float:
+    """The number a curve row is ranked by: the mean of the prompt sets' greedy τ."""
+    taus = [v["tau_greedy"] for v in row["heldout"].values()]
+    return sum(taus) / len(taus)
+
+
+class _DataFiles:
+    """The recipe's chat-record files and their sizes: a dataset is rebuilt only when they changed."""
+
+    def __init__(self, patterns: list[str]):
+        self.patterns = patterns
+        self.signature: tuple = ()
+
+    def changed(self) -> bool:
+        signature = tuple((str(p), p.stat().st_size) for p in chat_record_files(self.patterns))
+        if signature == self.signature:
+            return False
+        self.signature = signature
+        return True
+
+    def records(self) -> list[dict]:
+        return read_chat_records(chat_record_files(self.patterns))
+
+
+def train_continuously(target, tokenizer, recipe: ContinuousRecipe) -> list[dict]:
+    """Run one session of the continuous training (see the module docstring); returns this session's curve rows."""
+    drafter = start_drafter(target, recipe)
+    feature_target = target
+    if recipe.bf16_features:
+        feature_target = copy.deepcopy(target).to(torch.bfloat16).eval()
+    files = _DataFiles(recipe.data)
+    files.changed()
+
+    def dataset():
+        return TargetPrefillDataset(target, tokenizer, files.records(), drafter.config.target_layer_ids,
+                                    max_length=recipe.max_length, feature_target=feature_target,
+                                    logsumexp=drafter.draft_to_target is not None, progress=False)
+
+    config = DSparkTrainingConfig(
+        output_dir=recipe.run_dir, max_steps=10**9, per_device_batch_size=recipe.batch_size,
+        gradient_accumulation_steps=recipe.grad_accum, learning_rate=recipe.lr, num_anchors=recipe.num_anchors,
+        loss=LossConfig.for_head(drafter.config.sequential_head), seed=recipe.seed, save_total_limit=1,
+        schedule="constant", warmup_steps=recipe.warmup_steps, progress=False)
+    trainer = DSparkTrainer(drafter, dataset(), config, accelerator=make_accelerator("no"))
+    run_dir = Path(recipe.run_dir)
+    curve = read_curve(recipe.curve_file)
+    tokens = curve[-1]["train_tokens"] if curve else 0
+    checkpoint = trainer.latest_checkpoint(must_exist=False)
+    if checkpoint is not None and (run_dir / PROGRESS_NAME).is_file():  # this session crashed: go on from there
+        trainer.load_checkpoint(checkpoint, exact=False)
+        tokens = json.loads((run_dir / PROGRESS_NAME).read_text())["train_tokens"]
+    heldout = TargetCacheDataset(recipe.heldout_cache)
+    best = max((held_out_tau(r) for r in curve), default=float("-inf"))
+    rows: list[dict] = []
+    if not curve:  # the run's starting point is the first row
+        rows.append(_evaluate(trainer, heldout, recipe, tokens, 0.0))
+        _append(recipe.curve_file, rows[-1])
+    start = time.monotonic()
+    while (recipe.max_hours is None or time.monotonic() - start < 3600 * recipe.max_hours) and (
+            recipe.max_evaluations is None or len(rows) - (not curve) < recipe.max_evaluations):
+        step_start, loss = time.monotonic(), 0.0
+        for _ in range(recipe.eval_every):
+            stats, info = trainer.training_step()
+            tokens += info["num_tokens"]
+            loss += stats.summary(config.loss)["loss"] / recipe.eval_every
+        trainer.save_checkpoint()
+        (run_dir / PROGRESS_NAME).write_text(json.dumps({"train_tokens": tokens, "step": trainer.step}))
+        row = _evaluate(trainer, heldout, recipe, tokens, loss)
+        row["train_seconds"] = round(time.monotonic() - step_start, 1)
+        rows.append(row)
+        _append(recipe.curve_file, row)
+        if held_out_tau(row) > best:
+            best = held_out_tau(row)
+            save_bf16(trainer.drafter, recipe.best_dir)
+            logger.info("Held-out τ %.3f is the best yet: drafter written to %s", best, recipe.best_dir)
+        if files.changed():
+            trainer.replace_dataset(dataset())
+    return rows
+
+
+def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: float) -> dict:
+    scores = score_prompt_sets(trainer.drafter, heldout)
+    row = {"session": recipe.session, "step": trainer.step, "train_tokens": int(tokens),
+           "train_loss": round(loss, 4), "samples": len(trainer.dataset),
+           "heldout": {name: {"tau_greedy": round(s["tau_greedy"], 4),
+                              "acceptance": [round(a, 4) for a in s["conditional_acceptance"]]}
+                       for name, s in scores.items()},
+           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    logger.info("step %d, %d tokens: held-out τ %s", trainer.step, tokens,
+                {name: s["tau_greedy"] for name, s in row["heldout"].items()})
+    return row
+
+
+def _append(path: str | os.PathLike, row: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+__all__ = ["ContinuousRecipe", "convert_layer_style", "read_curve", "save_bf16", "train_continuously"]

@@ -1,0 +1,114 @@
+"""Validation of a drafter on a target cache of held-out conversations: what a training run watches.
+
+:func:`greedy_block_acceptance` is τ at T = 0 with the full block from every anchor of the target's own greedy
+answers (what ``generate`` measures, in seconds instead of minutes); :func:`score_prompt_sets` splits it by prompt
+set (sample ids name theirs: ``heldout-chat-…`` / ``heldout-code-…``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Subset
+
+from .anchors import IGNORE_LABEL
+from .losses import compute_block_hidden
+from .trainer import anchor_generator, block_batch
+
+
+@torch.no_grad()
+def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size: int = 4,
+                            seed: int = 0) -> dict:
+    """Greedy (T = 0) acceptance of ``drafter`` on a cache of the target's own *greedy* answers, every block at once.
+
+    Why it equals generation's greedy acceptance for a block: in such a cache the next token after each position
+    is the target's argmax, so teacher-forcing the sequential head with the cached tokens is exactly what drafting
+    sees while its drafts keep being accepted, and slot k is accepted iff the drafter's argmax (over the base
+    top-``sequential_top_k`` candidates, as ``draft_block`` does) equals the cached token. Unlike generation it
+    scores blocks from every anchor, not only where the previous round ended; seconds instead of minutes, so it
+    can score every checkpoint. Returns τ (bonus included) and conditional acceptance per position."""
+    cfg = drafter.config
+    gamma = cfg.block_size
+    reached, accepted = torch.zeros(gamma), torch.zeros(gamma)
+    tau_sum, blocks = 0.0, 0
+    was_training = drafter.training
+    drafter.eval()
+    param = next(drafter.parameters())
+    head, top_k = getattr(drafter, "markov_head", None), cfg.sequential_top_k
+    for start in range(0, len(dataset), batch_size):
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
+        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
+                                      batch["attention_mask"].to(param.device), targets.to(param.device),
+                                      batch["input_ids"].to(param.device))
+        full = targets.eval_mask.all(-1)  # blocks whose every slot has a label (no answer end inside)
+        h, labels, prev = hidden[full], targets.labels[full], targets.prev_ids[full]
+        if h.shape[0] == 0:
+            continue
+        base = drafter.compute_draft_logits(h).float()  # [M, γ, V']
+        if head is not None:
+            u = head.forward_teacher_forced(h, head.markov_w1(prev))
+            k = min(top_k or base.shape[-1], base.shape[-1])
+            cand = base.topk(k, dim=-1).indices  # [M, γ, k]
+            bias = head.bias(u.flatten(0, 1), cand.flatten(0, 1)).view(cand.shape)  # the head's own top-k bias
+            vals = base.gather(-1, cand) + bias.float()
+            draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
+        else:
+            draft = base.argmax(-1)
+        if drafter.draft_to_target is not None:
+            draft = drafter.draft_to_target[draft]
+        match = (draft.cpu() == labels) & (labels != IGNORE_LABEL)
+        run = match.long().cumprod(-1)  # slot k accepted iff slots 0..k all match
+        tau_sum += float((1 + run.sum(-1)).sum())
+        blocks += run.shape[0]
+        alive = torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1)
+        reached += alive.sum(0).float()
+        accepted += run.sum(0).float()
+    drafter.train(was_training)
+    return {"blocks": blocks, "tau_greedy": tau_sum / max(blocks, 1),
+            "conditional_acceptance": (accepted / reached.clamp(min=1)).tolist()}
+
+
+@torch.no_grad()
+def greedy_answer_records(target, tokenizer, prompts: list[dict], max_new_tokens: int = 128,
+                          batch_size: int = 8) -> list[dict]:
+    """The target's greedy answers to ``prompts`` (``{"id", "turns": [first turn, ...]}``) as chat records.
+
+    Plain batched ``generate`` (left-padded, fp32 target): the conversations a held-out validation cache holds.
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    records = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        messages = [[{"role": "user", "content": p["turns"][0]}] for p in chunk]
+        rows = [tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False)["input_ids"] for m in messages]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                              pad_token_id=pad)
+        eos = target.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        for prompt, message, row in zip(chunk, messages, out[:, width:].tolist()):
+            stop = next((i for i, t in enumerate(row) if t in eos), None)
+            answer = tokenizer.decode(row[:stop] if stop is not None else row, skip_special_tokens=True)
+            records.append({"id": prompt["id"], "messages": message + [{"role": "assistant", "content": answer}],
+                            "finish_reason": "stop" if stop is not None else "length"})
+    return records
+
+
+def prompt_set_of(sample_id: str) -> str:
+    """``"code"`` for held-out code conversations, ``"chat"`` for the rest."""
+    return "code" if "code" in sample_id else "chat"
+
+
+def score_prompt_sets(drafter, dataset, num_anchors: int = 128) -> dict[str, dict]:
+    """:func:`greedy_block_acceptance` per prompt set of ``dataset`` (which names its samples in ``ids``)."""
+    groups: dict[str, list[int]] = {}
+    for i, sid in enumerate(dataset.ids):
+        groups.setdefault(prompt_set_of(sid), []).append(i)
+    return {name: greedy_block_acceptance(drafter, Subset(dataset, rows), num_anchors=num_anchors)
+            for name, rows in sorted(groups.items())}
+
+
+__all__ = ["greedy_answer_records", "greedy_block_acceptance", "prompt_set_of", "score_prompt_sets"]

@@ -1,0 +1,78 @@
+"""Continue the SmolLM2 drafter's never-ending training run for this session (hf_dspark.training.continuous).
+
+Start it at the beginning of every session, in the background, at one thread; pause it (kill -STOP / -CONT) while
+timing anything. It continues from the committed drafter (drafter_training/smollm2/drafter), scores the fixed
+held-out set every --eval-every steps into drafter_training/smollm2/curve.jsonl, and rewrites the committed
+drafter whenever held-out τ improves: commit both at the end of the session.
+
+    nohup nice -n 19 .venv/bin/python scripts/train_continuous.py --threads 1 > runs/continuous.log 2>&1 &
+
+The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens) is built on first
+use under runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from hf_dspark.loading import load_target
+from hf_dspark.training.continuous import ContinuousRecipe, train_continuously
+from hf_dspark.training.target_cache import build_target_cache
+from hf_dspark.training.validation import greedy_answer_records
+
+DATA = ["data/smollm2/train.jsonl", "data/smollm2-magpie/train.jsonl", "data/smollm2-diverse/train.jsonl",
+        "data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz"]
+HELDOUT = ["data/heldout/chat.jsonl", "data/heldout/code.jsonl"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", nargs="+", default=DATA, help="chat-record files or glob patterns")
+    p.add_argument("--run-dir", default="runs/continuous")
+    p.add_argument("--best-dir", default="drafter_training/smollm2/drafter")
+    p.add_argument("--curve", default="drafter_training/smollm2/curve.jsonl")
+    p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
+    p.add_argument("--init-from", default="hf_dspark/checkpoints/smollm2-135m-instruct-dspark",
+                   help="first run only (no drafter in --best-dir yet)")
+    p.add_argument("--num-layers", type=int, default=2, help="first run only: deepen --init-from to this many")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--max-hours", type=float, default=None)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--num-anchors", type=int, default=64,
+                   help="blocks per sequence: 64 balances the prefill a sequence costs against its blocks on CPU")
+    p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def ensure_heldout_cache(target, tokenizer, cache: Path) -> None:
+    if (cache / "manifest.json").is_file():
+        return
+    prompts = [json.loads(line) for path in HELDOUT for line in Path(path).read_text().splitlines() if line.strip()]
+    logging.info("Building the held-out validation cache from %d prompts", len(prompts))
+    records = greedy_answer_records(target, tokenizer, prompts)
+    build_target_cache(target, tokenizer, records, cache, progress=False)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target()
+    ensure_heldout_cache(target, tokenizer, Path(args.heldout_cache))
+    recipe = ContinuousRecipe(
+        data=args.data, heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
+        curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
+        max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
+        bf16_features=not args.no_bf16_features)
+    train_continuously(target, tokenizer, recipe)
+
+
+if __name__ == "__main__":
+    main()

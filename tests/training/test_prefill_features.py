@@ -1,0 +1,129 @@
+"""Features computed while training equal the on-disk cache's, and train a drafter the same way."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+from chat_data import make_chat_records, make_chat_tokenizer, single_thread  # noqa: F401
+from conftest import make_tiny_llama
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
+from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache, write_target_logsumexp
+from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
+
+LAYERS = [0, 2]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_chat_tokenizer()
+
+
+def test_items_equal_the_cache_items(tmp_path, tokenizer, single_thread):
+    target = make_tiny_llama(num_layers=4).eval()
+    records = make_chat_records(6)
+    build_target_cache(target, tokenizer, records, tmp_path / "cache", layer_ids=LAYERS, dtype="float32",
+                       batch_size=1, progress=False)
+    head = target.get_output_embeddings().weight
+
+    write_target_logsumexp(tmp_path / "cache", lambda h: h @ head.T, progress=False)
+    cached = TargetCacheDataset(tmp_path / "cache")
+    live = TargetPrefillDataset(target, tokenizer, records, LAYERS, feature_dtype=torch.float32, logsumexp=True,
+                                progress=False)
+    assert live.ids == cached.ids and len(live) == len(cached) == 6
+    for i in range(len(live)):
+        a, b = live[i], cached[i]
+        assert a.keys() == b.keys()
+        for key in ("input_ids", "loss_mask"):
+            assert torch.equal(a[key], b[key]), key
+        for key in ("target_hidden_states", "target_last_hidden_states"):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
+        answer = b["loss_mask"].bool()
+        torch.testing.assert_close(a["target_logsumexp"][answer], b["target_logsumexp"][answer])
+    live.close()
+    assert not any(layer._forward_hooks for layer in target.model.layers)  # the tap leaves nothing behind
+
+
+def test_bf16_features_from_a_bf16_copy_train_a_drafter(tmp_path, tokenizer, single_thread):
+    target = make_tiny_llama(num_layers=4).eval()
+    copy = make_tiny_llama(num_layers=4).to(torch.bfloat16).eval()
+    data = TargetPrefillDataset(target, tokenizer, make_chat_records(8), LAYERS, feature_target=copy,
+                                progress=False)
+    item = data[0]
+    assert item["target_hidden_states"].dtype == torch.bfloat16
+    assert not item["target_hidden_states"].is_inference()  # autograd may save it for the drafter's backward
+    torch.manual_seed(0)
+    drafter = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8, target_layer_ids=LAYERS)
+    config = DSparkTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=100, per_device_batch_size=2,
+                                  gradient_accumulation_steps=1, num_anchors=8, schedule="constant", warmup_steps=2,
+                                  progress=False)
+    trainer = DSparkTrainer(drafter, data, config, accelerator=make_accelerator("no"))
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    stats, info = trainer.training_step()
+    assert info["num_tokens"] > 0 and stats.summary(config.loss)["loss"] > 0
+    assert any(not torch.equal(before[n], p) for n, p in drafter.named_parameters())
+
+
+def test_constant_schedule_holds_the_rate_after_warm_up():
+    config = DSparkTrainingConfig(output_dir="x", max_steps=10**9, schedule="constant", warmup_steps=4)
+    assert [config.lr_factor(s) for s in (0, 3, 4, 10**6)] == [0.25, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="schedule='linear'"):
+        DSparkTrainingConfig(output_dir="x", schedule="linear")
+
+
+def test_chat_records_from_plain_gzip_and_globs_skip_a_line_still_being_written(tmp_path):
+    records = make_chat_records(4)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]) + '{"id": "r9", "mess')
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records[1:])  # r0001 twice: kept once
+    files = chat_record_files([tmp_path / "a.jsonl", str(tmp_path / "*.gz")])
+    assert [f.name for f in files] == ["a.jsonl", "b.jsonl.gz"]
+    assert [r["id"] for r in read_chat_records(files)] == ["r0000", "r0001", "r0002", "r0003"]
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        chat_record_files([tmp_path / "missing.jsonl"])
+
+
+def _heldout_cache(target, tokenizer, path):
+    records = make_chat_records(4, seed=7)
+    for i, record in enumerate(records):
+        record["id"] = f"heldout-{'code' if i % 2 else 'chat'}-{i:02d}"
+    build_target_cache(target, tokenizer, records, path, layer_ids=LAYERS, progress=False)
+
+
+def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_them(tmp_path, tokenizer, single_thread):
+    from hf_dspark.training.continuous import ContinuousRecipe, read_curve, train_continuously
+
+    target = make_tiny_llama(num_layers=4).eval()
+    torch.manual_seed(0)
+    legacy = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8, target_layer_ids=LAYERS,
+                                          draft_layer_style="target")
+    legacy.save_pretrained(tmp_path / "legacy")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_chat_records(12)))
+    _heldout_cache(target, tokenizer, tmp_path / "heldout")
+    recipe = ContinuousRecipe(data=[str(data)], heldout_cache=str(tmp_path / "heldout"), run_dir=str(tmp_path / "run"),
+                              best_dir=str(tmp_path / "best"), curve_file=str(tmp_path / "curve.jsonl"),
+                              init_from=str(tmp_path / "legacy"), num_layers=2, eval_every=3, max_evaluations=2,
+                              lr=3e-3, batch_size=2, num_anchors=8, bf16_features=False, session="s1")
+    rows = train_continuously(target, tokenizer, recipe)
+    curve = read_curve(recipe.curve_file)
+    assert curve == rows and [r["step"] for r in rows] == [0, 3, 6]  # the starting point, then every 3 steps
+    assert rows[0]["train_tokens"] == 0 < rows[1]["train_tokens"] < rows[2]["train_tokens"]
+    assert set(rows[1]["heldout"]) == {"chat", "code"}
+    best = json.loads((tmp_path / "best" / "config.json").read_text())
+    assert best["draft_layer_style"] == "qwen3" and best["num_hidden_layers"] == 2 and best["dtype"] == "bfloat16"
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "best" / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys() if f.get_tensor(k).is_floating_point()} == {torch.bfloat16}
+    # the next session continues from the committed drafter and the curve's token count
+    extra = [{**r, "id": f"new{i}"} for i, r in enumerate(make_chat_records(4, seed=3))]
+    data.write_text(data.read_text() + "".join(json.dumps(r) + "\n" for r in extra))
+    next_session = ContinuousRecipe(**{**recipe.__dict__, "run_dir": str(tmp_path / "run2"), "init_from": None,
+                                       "max_evaluations": 1, "session": "s2"})
+    more = train_continuously(target, tokenizer, next_session)
+    assert len(more) == 1 and more[0]["session"] == "s2" and more[0]["train_tokens"] > rows[-1]["train_tokens"]
+    assert more[0]["samples"] == 16
