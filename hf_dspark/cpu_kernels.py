@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import weakref
 
 import torch
@@ -117,34 +118,68 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class skinny_linears:  # noqa: N801 (a context manager used like a function, as torch.no_grad)
-    """Within the block, every CPU fp32 ``nn.Linear`` of ``models`` computes with :func:`skinny_linear`.
+    """Within the block, every CPU fp32 ``nn.Linear`` of ``models`` computes with :func:`skinny_linear` — in this
+    thread only.
 
     Used around hf-dspark's decoding loop (``generate`` with a drafter, the engine's steps) where the target and
     drafter see 1-16 rows per forward; ``hf_dspark.skinny_linears(model)`` gives plain ``generate`` the same
-    kernel (``with skinny_linears(model): model.generate(...)``). The modules are patched per instance and
-    restored on exit; modules whose ``forward`` is already replaced on the instance (accelerate hooks) are left
-    alone; re-entering for a module already patched is a no-op. A model's linears are found once (the engine
-    enters this every step: walking the module tree each time cost ~1.4 ms on SmolLM2); a linear added to the
-    model later keeps its stock kernel."""
+    kernel (``with skinny_linears(model): model.generate(...)``). The modules get a patched ``forward`` on the
+    instance while any thread is inside the block, and that forward runs the skinny kernel only for threads that
+    entered it: a plain ``generate`` on the same model in another thread keeps the stock kernel, and one thread
+    leaving the block never switches another's kernel mid-call. Modules whose ``forward`` is already replaced on
+    the instance (accelerate hooks) are left alone; re-entering is a no-op. A model's linears are found once (the
+    engine enters this every step: walking the module tree each time cost ~1.4 ms on SmolLM2); a linear added to
+    the model later keeps its stock kernel."""
 
     def __init__(self, *models: nn.Module | None):
         self.models = [m for m in models if m is not None]
         self._patched: list[nn.Linear] = []
 
     def __enter__(self):
-        patched = self._patched
+        active = _THREAD.models
         for model in self.models:
-            for module, forward in _linear_forwards(model):
-                state = module.__dict__
-                if "forward" not in state:  # a module on another device or dtype falls back to F.linear itself
-                    state["forward"] = forward
-                    patched.append(module)
+            active[id(model)] = active.get(id(model), 0) + 1
+        with _PATCH_LOCK:
+            for model in self.models:
+                for module, forward in _linear_forwards(model):
+                    state = module.__dict__
+                    if state.get("forward") is forward:
+                        _PATCH_COUNTS[module] += 1
+                    elif "forward" not in state:  # another device or dtype falls back to F.linear by itself
+                        state["forward"] = forward
+                        _PATCH_COUNTS[module] = 1
+                    else:
+                        continue
+                    self._patched.append(module)
         return self
 
     def __exit__(self, *exc) -> None:
-        for module in self._patched:
-            module.__dict__.pop("forward", None)
+        active = _THREAD.models
+        for model in self.models:
+            active[id(model)] -= 1
+            if not active[id(model)]:
+                del active[id(model)]
+        with _PATCH_LOCK:
+            for module in self._patched:
+                _PATCH_COUNTS[module] -= 1
+                if not _PATCH_COUNTS[module]:  # the last thread inside leaves: the stock forward comes back
+                    del _PATCH_COUNTS[module]
+                    module.__dict__.pop("forward", None)
         self._patched.clear()
+
+
+class _ThreadKernels(threading.local):
+    """What the current thread runs inside: models (by id) in :class:`skinny_linears` and their entry depth, and
+    the depth of :class:`folded_gqa_attention` blocks."""
+
+    def __init__(self) -> None:
+        self.models: dict[int, int] = {}
+        self.folded = 0
+
+
+_THREAD = _ThreadKernels()
+_PATCH_LOCK = threading.Lock()
+_PATCH_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> blocks holding its patch
 
 
 _LINEAR_FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -155,21 +190,28 @@ def _linear_forwards(model: nn.Module) -> list[tuple[nn.Linear, "_SkinnyForward"
     found = _LINEAR_FORWARDS.get(model)
     if found is None:
         modules = {id(m): m for m in model.modules() if type(m) is nn.Linear}
-        found = _LINEAR_FORWARDS[model] = [(m, _SkinnyForward(m)) for m in modules.values()]
+        found = _LINEAR_FORWARDS[model] = [(m, _SkinnyForward(m, id(model))) for m in modules.values()]
     return found
 
 
 class _SkinnyForward:
-    """The patched ``forward`` of one module (a class, not a closure, so :func:`linear_kernel` can recognise it)."""
+    """The patched ``forward`` of one module (a class, not a closure, so :func:`linear_kernel` can recognise it):
+    the skinny kernel in threads inside :class:`skinny_linears` for its model, the stock one elsewhere."""
 
-    __slots__ = ("module",)
+    __slots__ = ("module", "owner")
 
-    def __init__(self, module: nn.Linear):
-        self.module = module
+    def __init__(self, module: nn.Linear, owner: int):
+        self.module, self.owner = module, owner
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self.module
-        return skinny_linear(x, module.weight, module.bias)
+        if self.owner in _THREAD.models:
+            return skinny_linear(x, module.weight, module.bias)
+        return F.linear(x, module.weight, module.bias)
+
+    def active(self) -> bool:
+        """Whether the current thread computes this module with the skinny kernel."""
+        return self.owner in _THREAD.models
 
 
 def loop_linears(enabled: bool, target: nn.Module, *models: nn.Module | None):
@@ -222,7 +264,7 @@ def folded_gqa_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     grouping) goes to transformers' own SDPA function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    groups = getattr(module, "num_key_value_groups", 1)
+    groups = getattr(module, "num_key_value_groups", 1) if _THREAD.folded else 1  # other threads: stock SDPA
     batch, heads, length, dim = query.shape
     if (groups <= 1 or length <= 1 or attention_mask is None or attention_mask.dim() != 4
             or attention_mask.shape[1] != 1 or attention_mask.shape[2] != length or dropout
@@ -245,27 +287,46 @@ def _register_folded_attention() -> None:
 
 
 class folded_gqa_attention:  # noqa: N801 (a context manager used like a function, as torch.no_grad)
-    """Within the block, ``model`` (an SDPA target) attends with :func:`folded_gqa_sdpa`: its config's attention
-    implementation is switched on entry and restored on exit. Models with another implementation (eager, flash)
-    are left alone; re-entering is a no-op. The switch is the model's, so a call on the same model from another
-    thread inside the block attends the same way — the same attention up to float summation order (~1e-7)."""
+    """Within the block, ``model`` (an SDPA target) attends with :func:`folded_gqa_sdpa` — in this thread only.
+
+    The model's config names the folded implementation while any thread is inside the block (its attention
+    function is chosen from the config), and :func:`folded_gqa_sdpa` folds only for threads inside one: a call on
+    the same model from another thread attends with transformers' own SDPA, and one thread leaving never switches
+    another's attention mid-call. Models with another implementation (eager, flash) are left alone; re-entering
+    is a no-op."""
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self._switched = False
+        self._entered = False
 
     def __enter__(self):
         config = getattr(self.model, "config", None)
-        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
-            _register_folded_attention()
-            config._attn_implementation = FOLDED_GQA_ATTENTION
-            self._switched = True
+        with _PATCH_LOCK:
+            implementation = getattr(config, "_attn_implementation", None)
+            if implementation == "sdpa":
+                _register_folded_attention()
+                config._attn_implementation = FOLDED_GQA_ATTENTION
+                _FOLDED_COUNTS[self.model] = 0
+            elif implementation != FOLDED_GQA_ATTENTION or self.model not in _FOLDED_COUNTS:
+                return self
+            _FOLDED_COUNTS[self.model] += 1
+            self._entered = True
+        _THREAD.folded += 1
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._switched:
-            self.model.config._attn_implementation = "sdpa"
-            self._switched = False
+        if not self._entered:
+            return
+        self._entered = False
+        _THREAD.folded -= 1
+        with _PATCH_LOCK:
+            _FOLDED_COUNTS[self.model] -= 1
+            if not _FOLDED_COUNTS[self.model]:
+                del _FOLDED_COUNTS[self.model]
+                self.model.config._attn_implementation = "sdpa"
+
+
+_FOLDED_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> blocks holding the switch
 
 
 def skinny_applies(model: nn.Module) -> bool:
@@ -279,9 +340,10 @@ def linear_kernel(model: nn.Module) -> str:
     """The kernels ``model`` runs with right now: :data:`SKINNY_KERNEL` inside :class:`skinny_linears`, with
     :data:`FOLDED_GQA_SUFFIX` inside :class:`folded_gqa_attention` too (step-cost caches are keyed by it)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    patched = head is not None and isinstance(head.__dict__.get("forward"), _SkinnyForward)
+    forward = head.__dict__.get("forward") if head is not None else None
+    patched = isinstance(forward, _SkinnyForward) and forward.active()
     kernel = SKINNY_KERNEL if patched and skinny_applies(model) else STOCK_KERNEL
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == FOLDED_GQA_ATTENTION:
+    if getattr(config, "_attn_implementation", None) == FOLDED_GQA_ATTENTION and _THREAD.folded:
         kernel += FOLDED_GQA_SUFFIX
     return kernel

@@ -33,7 +33,7 @@ from .kv_cache import growing_cache
 from .lookup import LookupHistoryKey, LookupProposer
 from .memory import LONG_MATCH_TOKENS, memory_for
 from .prefix_cache import CachedPrefix, weights_signature
-from .processing import RowLogitsProcessor, adapt_for_rows
+from .processing import RowLogitsProcessor, adapt_for_rows, apply_processors
 from .ragged_batch import RaggedBatch, fill_from_the_end
 from .row_tokens import RowTokens
 from .speculative_round import SpeculativeRound, prefill
@@ -42,7 +42,7 @@ from .verification import verify
 logger = logging.getLogger(__name__)
 
 
-def _raise_if_unsupported(model, generation_config, cache) -> None:
+def _raise_if_unsupported(model, generation_config, cache, prompt_length: int) -> None:
     if getattr(generation_config, "num_beams", 1) not in (None, 1):
         raise ValueError("hf-dspark speculative decoding does not support beam search (num_beams > 1); use greedy "
                          "or sampling (do_sample=True), or drop assistant_model for beam search.")
@@ -55,6 +55,13 @@ def _raise_if_unsupported(model, generation_config, cache) -> None:
         raise ValueError(f"hf-dspark needs a DynamicCache for the target (got {type(cache).__name__}): speculative "
                          "decoding must roll back rejected positions, which static/quantized/offloaded caches "
                          "cannot do here. Remove cache_implementation=... or pass a DynamicCache.")
+    cached = cache.get_seq_length() if cache is not None else 0
+    if cached >= prompt_length:
+        raise ValueError(f"The cache passed to generate already holds {cached} positions, and the prompt has "
+                         f"{prompt_length} tokens: with a DSpark assistant_model the cache must hold fewer positions "
+                         "than the prompt (its first tokens; the rest is prefilled), so the next token is predicted "
+                         "from the prompt's last one. Pass the prompt including the tokens still to be processed, or "
+                         "no cache.")
     raise_if_unsupported_target(model)
 
 
@@ -127,7 +134,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
                   dspark_lookup_scope: str | None = None, dspark_prefix_cache: bool = True, dspark_step_cost=None,
-                  dspark_cpu_linears: bool = True, tokenizer=None, **model_kwargs):
+                  dspark_cpu_linears: bool = True, dspark_tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
@@ -159,7 +166,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         raise ValueError("dspark_decode needs dspark_drafter= (use target.generate(..., assistant_model=draft)).")
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    _raise_if_unsupported(model, generation_config, cache)
+    _raise_if_unsupported(model, generation_config, cache, input_ids.shape[1])
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     prefix_key = _prefix_key(model, drafter, call, cache, dspark_lookup_scope if dspark_prefix_cache else None)
@@ -176,13 +183,16 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                     threshold=dspark_confidence_threshold,
                                     lookup=dspark_lookup if dspark_recorder is None else False,
                                     lookup_scope=dspark_lookup_scope, step_cost=dspark_step_cost,
-                                    tokenizer=tokenizer, rows=len(call.tokens),
+                                    tokenizer=dspark_tokenizer, rows=len(call.tokens),
                                     sequential_top_k=dspark_sequential_top_k)
-        call.start_lookup(lookup)
+        shared = memory_for(model).round_lock  # the policy, calibrator and lookup history other calls use too
+        with shared:
+            call.start_lookup(lookup)
         while active:
-            result = round_.run(batch, call.processor(active), call.budgets(active), do_sample=do_sample,
-                                generator=dspark_generator, tap=tap, row_ids=active)
-            still = call.commit_round(active, result)
+            with shared:
+                result = round_.run(batch, call.processor(active), call.budgets(active), do_sample=do_sample,
+                                    generator=dspark_generator, tap=tap, row_ids=active)
+                still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
                 memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
             kept = fill_from_the_end(len(active), set(range(len(active))) - set(still))  # rows in any order
@@ -190,8 +200,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             active = [active[i] for i in kept]
             if len(active) > 1:  # holes not shared by every row: pack the rows once they are half the cache
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
-        call.end_lookup()
-    return call.finish()
+        with shared:
+            call.end_lookup()
+    return call.finish(model)
 
 
 def _prefix_key(model, drafter, call: "_GenerateCall", cache, scope: str | None):
@@ -248,16 +259,18 @@ class _GenerateCall:
             return pick_tokens(processed["logits"], do_sample, generator)
 
         own_lengths = [tokens.prompt_length - p for p in tokens.num_pad]
-        skip, draft_cache = 0, DraftCache()
+        # a cache that already holds the prompt's first positions (the caller's, as plain generate honours it, or
+        # an earlier call's from the prefix cache) is extended with the rest only
+        skip, draft_cache = cache.get_seq_length(), DraftCache()
         if reused is not None:
             entry, skip = reused
             cache, draft_cache = entry.cache, entry.draft_cache
         raw, first, draft_cache = prefill(model, self.input_ids[:, skip:], positions[:, skip:], cache,
                                           pick_first=pick_first, attention_mask=mask, tap=tap, drafter=self.drafter,
                                           draft_cache=draft_cache, valid=mask[:, skip:].bool(),
-                                          counts=[n - skip for n in own_lengths])
+                                          counts=mask[:, skip:].sum(-1).tolist())
         self.stats.prompt_tokens += sum(own_lengths)
-        self.stats.reused_prompt_tokens += skip
+        self.stats.reused_prompt_tokens += sum(own - int(n) for own, n in zip(own_lengths, mask[:, skip:].sum(-1)))
         draft_cache.reserve(self.max_length + self.drafter.config.block_size + 1)
         self.stats.prefill_seconds += time.perf_counter() - start
         active = []
@@ -327,7 +340,7 @@ class _GenerateCall:
         if self.raw_logits is not None:
             self.raw_logits[row].extend(raw)
 
-    def finish(self):
+    def finish(self, model):
         if self.streamer is not None:
             self.streamer.end()
         self.stats.log()
@@ -337,7 +350,32 @@ class _GenerateCall:
         sequences = self.tokens.sequences(pad_id, self.input_ids.device)
         if not config.return_dict_in_generate:
             return sequences
+        self._record_after_stop(model, pad_id)
         return _build_output(sequences, self.scores, self.raw_logits)
+
+    @torch.no_grad()
+    def _record_after_stop(self, model, pad_id: int) -> None:
+        """Scores and logits of the steps after a row stopped, as plain ``generate`` returns them.
+
+        Why: plain ``generate`` keeps decoding a finished row with the pad token as input until the batch ends, and
+        returns the (processed) logits of those steps; ``compute_transition_scores(..., normalize_logits=True)``
+        is finite there. The speculative loop drops finished rows, so their remaining steps are computed here in
+        one target forward over the row's tokens followed by pads, processed with the row's own processors."""
+        per_row = self.scores if self.scores is not None else self.raw_logits
+        if per_row is None:
+            return
+        steps = max(len(r) for r in per_row)
+        for row, recorded in enumerate(per_row):
+            missing = steps - len(recorded)
+            if not missing:
+                continue
+            own = self.tokens.host[row][self.tokens.num_pad[row]:]
+            ids = torch.tensor([own + [pad_id] * (missing - 1)], device=self.input_ids.device)
+            raw = model(input_ids=ids, logits_to_keep=missing).logits[0].float()  # [missing, V]
+            for step in range(missing):
+                processed = apply_processors(self.row_processors[row], ids[:, :len(own) + step],
+                                             raw[step:step + 1].clone())
+                self._record(row, processed, raw[step:step + 1])
 
 
 def _stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:

@@ -75,6 +75,7 @@ def enable(target) -> None:
                 assistant_model.stats = DSparkStats.new(assistant_model.config.block_size)
                 plain = {k: v for k, v in kwargs.items() if k not in _DSPARK_KWARGS}
                 return original(*args, streamer=streamer, **plain)
+            kwargs = _with_our_tokenizer(target, args, kwargs)
             # Streamer and generator travel under our own names: transformers drops a custom_generate callable's
             # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
             return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
@@ -121,6 +122,29 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
     if streamer is not None and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1:
         raise ValueError(f"streamer= supports batch size 1 only (as in transformers); got a batch of "
                          f"{inputs.shape[0]}. Drop streamer= for batched generation.")
+
+
+def _with_our_tokenizer(target, args: tuple, kwargs: dict) -> dict:
+    """``tokenizer=`` under our own name, and stop strings as a stopping criterion built with it.
+
+    Why: for a ``custom_generate`` callable transformers keeps only the keyword arguments ``_sample`` does not
+    take, after it has already popped ``tokenizer`` (``_extract_generation_mode_kwargs``), so neither our loop
+    nor its own ``StopStringCriteria`` would see the tokenizer, and stop strings would fail with "could not locate
+    a tokenizer". The criterion built here is the one plain ``generate`` builds; transformers is told there are no
+    stop strings left to build. Without a tokenizer nothing changes, and transformers raises its own error."""
+    tokenizer = kwargs.get("tokenizer")
+    if tokenizer is None:
+        return kwargs
+    kwargs = {k: v for k, v in kwargs.items() if k != "tokenizer"}
+    kwargs["dspark_tokenizer"] = tokenizer
+    stop_strings = _setting("stop_strings", target, args, kwargs)
+    if stop_strings is not None:
+        from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+
+        criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        kwargs.update(stopping_criteria=criteria, stop_strings=None)
+    return kwargs
 
 
 def _bind_on_first_use(drafter, target) -> None:

@@ -41,6 +41,9 @@ class SpeculationMemory:
     costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
     prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (scope, drafter token) -> caches
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # held by a generate call while it plans, runs and books a round (the policy, calibrator and lookup history
+    # above are shared by every call on the target; concurrent calls take turns, each as if alone)
+    round_lock: threading.RLock = field(default_factory=threading.RLock)
 
     def policy_for(self, drafter, lookup: bool | str = True) -> ScheduledPolicy:
         """The scheduler of calls with this drafter and lookup mode (``dspark_lookup``): one per mode, because its

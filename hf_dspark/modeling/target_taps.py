@@ -7,6 +7,7 @@ whole prompt. A hook on ``decoder.layers[i]`` returns the raw output of layer i 
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -24,9 +25,12 @@ def decoder_layers(target: nn.Module) -> nn.ModuleList:
 
 
 class TargetFeatureTap:
-    """Records the outputs of ``layer_ids`` on every target forward; :meth:`features` concatenates them.
+    """Records the outputs of ``layer_ids`` on every target forward run by the thread that attached it;
+    :meth:`features` concatenates them.
 
-    Use as a context manager (hooks are removed on exit) or call :meth:`attach`/:meth:`detach`.
+    Why per thread: the hooks sit on the shared target, and two ``generate`` calls on one target in two threads
+    (or a call beside the serving engine) each tap it; a tap that recorded every forward would hand one call the
+    other's features. Use as a context manager (hooks are removed on exit) or call :meth:`attach`/:meth:`detach`.
     """
 
     def __init__(self, target: nn.Module, layer_ids: list[int]):
@@ -34,13 +38,16 @@ class TargetFeatureTap:
         self.layer_ids = list(layer_ids)
         self._outputs: dict[int, torch.Tensor] = {}
         self._handles: list = []
+        self._thread: int | None = None
 
     def _hook(self, layer_id: int):
         def hook(module, args, output):
-            self._outputs[layer_id] = output[0] if isinstance(output, (tuple, list)) else output
+            if threading.get_ident() == self._thread:
+                self._outputs[layer_id] = output[0] if isinstance(output, (tuple, list)) else output
         return hook
 
     def attach(self) -> "TargetFeatureTap":
+        self._thread = threading.get_ident()
         if not self._handles:
             layers = decoder_layers(self.target)
             for i in self.layer_ids:

@@ -71,3 +71,17 @@ def test_top_level_hidden_size_must_agree_with_target_config(target, saved_bf16,
     (edited / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="hidden_size=128 disagrees"):
         DSparkDraftModel.from_pretrained(edited)
+
+
+def test_a_feature_tap_records_only_its_own_threads_forwards(tiny_target):
+    """Two generate calls on one target in two threads each tap it: neither may read the other's features."""
+    import threading
+
+    from hf_dspark.modeling.target_taps import TargetFeatureTap
+
+    with TargetFeatureTap(tiny_target, [0, 2]) as tap, torch.no_grad():
+        tiny_target(torch.tensor([[1, 2, 3, 4, 5]]))
+        other = threading.Thread(target=lambda: tiny_target(torch.tensor([[1, 2, 3, 4, 5, 6, 7]])))
+        other.start()
+        other.join()
+        assert tap.features().shape[1] == 5

@@ -1,0 +1,163 @@
+"""What plain ``generate`` accepts works the same with a DSpark assistant: a prefilled cache, stop strings, calls from
+several threads, scores of rows that stopped early (issue #40). Each case compares with plain ``generate`` itself."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from transformers import DynamicCache
+
+from hf_dspark import DSparkDraftModel
+
+PROMPT = torch.tensor([[1, 5, 9, 22, 7, 3, 40, 41, 12, 13]])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_llama().eval()
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    torch.manual_seed(0)
+    return DSparkDraftModel.from_target(target, num_layers=1).eval()
+
+
+def prefilled(target, ids: torch.Tensor, count: int, mask: torch.Tensor | None = None) -> DynamicCache:
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids[:, :count], attention_mask=None if mask is None else mask[:, :count], cache=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_a_prefilled_cache_is_extended_as_plain_generate_extends_it(target, draft, keyword):
+    mask = torch.ones_like(PROMPT)
+    expected = target.generate(input_ids=PROMPT, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               **{keyword: prefilled(target, PROMPT, 5)})
+    cache = prefilled(target, PROMPT, 5)
+    with pytest.warns(UserWarning, match="must not be reused"):
+        got = target.generate(input_ids=PROMPT, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                              assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0,
+                              **{keyword: cache})
+    assert torch.equal(got, expected)
+    assert draft.stats.reused_prompt_tokens == 5 and draft.stats.prompt_tokens == 10  # 5 prefilled, not 10 again
+
+
+def test_a_prefilled_cache_of_a_left_padded_batch(target, draft):
+    ids = torch.tensor([[0, 0, 5, 9, 22, 7, 3], [1, 7, 3, 8, 9, 10, 11]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
+    expected = target.generate(input_ids=ids, attention_mask=mask, cache=prefilled(target, ids, 4, mask),
+                               max_new_tokens=10, do_sample=False)
+    with pytest.warns(UserWarning, match="must not be reused"):
+        got = target.generate(input_ids=ids, attention_mask=mask, cache=prefilled(target, ids, 4, mask),
+                              max_new_tokens=10, do_sample=False, assistant_model=draft)
+    assert torch.equal(got, expected)
+
+
+def test_a_cache_holding_the_whole_prompt_is_refused(target, draft):
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="already holds 10 positions, and the prompt has 10"):
+        target.generate(input_ids=PROMPT, cache=prefilled(target, PROMPT, 10), max_new_tokens=4, do_sample=False,
+                        assistant_model=draft)
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from hf_dspark.embedded import converted_target_dir
+
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(converted_target_dir())
+    except Exception as err:  # the embedded target is converted on first use by other tests / the CLI
+        pytest.skip(f"the embedded SmolLM2 tokenizer is not available: {err}")
+
+
+@pytest.fixture(scope="module")
+def wide_target():
+    """A tiny target with SmolLM2's vocabulary, so its tokenizer (a real BPE one) decodes its output."""
+    return make_tiny_llama(vocab_size=49152).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("where", ["keyword", "generation_config"])
+def test_stop_strings_stop_where_plain_generate_stops(wide_target, smollm2_tokenizer, batch, where):
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(wide_target, num_layers=1).eval()
+    full = wide_target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    stop = smollm2_tokenizer.decode(full[0, 15:17])
+    ids = PROMPT.repeat(batch, 1)
+    if where == "keyword":
+        kwargs = {"stop_strings": [stop]}
+    else:
+        config = wide_target.generation_config.__class__(**wide_target.generation_config.to_dict())
+        config.stop_strings = [stop]
+        kwargs = {"generation_config": config}
+    expected = wide_target.generate(ids, max_new_tokens=20, do_sample=False, tokenizer=smollm2_tokenizer, **kwargs)
+    got = wide_target.generate(ids, max_new_tokens=20, do_sample=False, tokenizer=smollm2_tokenizer,
+                               assistant_model=draft, **kwargs)
+    assert expected.shape[1] < full.shape[1]  # the stop string did stop it
+    assert torch.equal(got, expected)
+
+
+def test_stop_strings_without_a_tokenizer_fail_as_in_plain_generate(target, draft):
+    with pytest.raises(ValueError, match="could not locate a tokenizer"):
+        target.generate(PROMPT, max_new_tokens=4, stop_strings=["x"], assistant_model=draft)
+
+
+def test_concurrent_calls_from_threads_each_equal_plain_and_leave_plain_calls_alone(target, draft):
+    prompts = [torch.tensor([[1, 5, 9, 22, 7 + i, 3, 11 + i]]) for i in range(8)]
+    kwargs = {"max_new_tokens": 24, "do_sample": False}
+    expected = [target.generate(p, **kwargs) for p in prompts]
+    plain_logits = target.generate(prompts[0], return_dict_in_generate=True, output_logits=True, **kwargs).logits
+    failures: list[str] = []
+    barrier = threading.Barrier(3)
+
+    def speculative(first: int) -> None:
+        barrier.wait()
+        for i in range(first, len(prompts), 2):
+            try:
+                got = target.generate(prompts[i], assistant_model=draft, **kwargs)
+                if not torch.equal(got, expected[i]):
+                    failures.append(f"prompt {i}: {got.tolist()} != {expected[i].tolist()}")
+            except Exception as err:  # noqa: BLE001 (the failure is the finding)
+                failures.append(f"prompt {i}: {err!r}")
+
+    def plain() -> None:  # the loop's kernels and feature taps must not reach a plain call in another thread
+        barrier.wait()
+        for _ in range(4):
+            out = target.generate(prompts[0], return_dict_in_generate=True, output_logits=True, **kwargs)
+            if not all(torch.equal(a, b) for a, b in zip(out.logits, plain_logits)):
+                failures.append("a plain generate call beside the speculative ones computed other logits")
+
+    threads = [threading.Thread(target=speculative, args=(k,)) for k in range(2)] + [threading.Thread(target=plain)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("output", ["scores", "logits"])
+def test_scores_of_a_row_that_stopped_early_are_what_plain_generate_returns(target, draft, output):
+    ids = torch.tensor([[1, 5, 9, 22], [1, 7, 3, 8]])
+    probe = target.generate(ids, max_new_tokens=12, do_sample=False)
+    eos = int(probe[0, 6])  # row 0 stops after 3 tokens, row 1 goes on
+    kwargs = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": eos, "pad_token_id": 0,
+              "return_dict_in_generate": True, f"output_{output}": True, "repetition_penalty": 1.3}
+    expected = target.generate(ids, **kwargs)
+    got = target.generate(ids, assistant_model=draft, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert expected.sequences[0, -1] == 0 and expected.sequences[1, -1] != 0  # one row ended early
+    ours, theirs = getattr(got, output), getattr(expected, output)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    if output == "scores":
+        scores = target.compute_transition_scores(got.sequences, got.scores, normalize_logits=True)
+        reference = target.compute_transition_scores(expected.sequences, expected.scores, normalize_logits=True)
+        assert torch.isfinite(scores).all()
+        torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-4)
