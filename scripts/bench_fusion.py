@@ -59,20 +59,20 @@ def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
     A scope also keeps each call's caches for the scope's next call (the prefix cache); "fused, no prefix cache"
     turns that off, so the difference to "fused" is what re-prefilling the conversation costs."""
     every = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": 10},
-             "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_lookup_scope": "lookup"},
+             "lookup only": {"assistant_model": drafter, "dspark_lookup": "only", "dspark_cache_salt": "lookup"},
              "DSpark only": {"assistant_model": drafter, "dspark_lookup": False},
-             "fused": {"assistant_model": drafter, "dspark_lookup_scope": "fused"},
-             "fused, no prefix cache": {"assistant_model": drafter, "dspark_lookup_scope": "fused-nocache",
+             "fused": {"assistant_model": drafter, "dspark_cache_salt": "fused"},
+             "fused, no prefix cache": {"assistant_model": drafter, "dspark_cache_salt": "fused-nocache",
                                         "dspark_prefix_cache": False},
              "no proposals": {"assistant_model": drafter, "dspark_policy": "none", "dspark_lookup": False},
              # the CPU kernel of hf-dspark's loop given to the peers, and taken from hf-dspark
              "plain, skinny linears": {"skinny": True},
              "prompt lookup, skinny linears": {"prompt_lookup_num_tokens": 10, "skinny": True},
-             "fused, stock linears": {"assistant_model": drafter, "dspark_lookup_scope": "fused-stock",
+             "fused, stock linears": {"assistant_model": drafter, "dspark_cache_salt": "fused-stock",
                                       "dspark_cpu_linears": False},
              # the serving engine at one request in flight, on the same conversation (its own scope)
-             "engine": {"engine": {"prefix_cache": True}, "lookup_scope": "engine"},
-             "engine, no prefix cache": {"engine": {"prefix_cache": False}, "lookup_scope": "engine-nocache"}}
+             "engine": {"engine": {"prefix_cache": True}, "cache_salt": "engine"},
+             "engine, no prefix cache": {"engine": {"prefix_cache": False}, "cache_salt": "engine-nocache"}}
     unknown = set(names) - set(every)
     if unknown or not {"plain", "prompt lookup"} <= set(names):
         raise SystemExit(f"--arms: {sorted(unknown)} unknown; choose from {list(every)} (plain and prompt lookup "
@@ -113,8 +113,8 @@ class Runner:
             start = time.perf_counter()
             if name in self.engines:
                 sampling = {} if self.temperature == 0 else {"do_sample": True, "temperature": self.temperature}
-                new = self.engines[name].submit(ids[0].tolist(), max_new_tokens, lookup_scope=self.arms[name][
-                    "lookup_scope"], **sampling).result().token_ids
+                new = self.engines[name].submit(ids[0].tolist(), max_new_tokens, cache_salt=self.arms[name][
+                    "cache_salt"], **sampling).result().token_ids
                 seconds = time.perf_counter() - start
             else:
                 kwargs = {k: v for k, v in self.arms[name].items() if k != "skinny"}

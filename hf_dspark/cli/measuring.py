@@ -75,8 +75,9 @@ def add_calibrate(sub) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..evaluation.calibration_run import (calibrate, fit_from_trace, held_out_prompts, load_rounds_for,
                                               save_calibrated)
-    from ..loading import ModelLoadError, load_drafter, load_target
+    from ..loading import ModelLoadError, load_drafter, load_target, raise_if_bad_paths
 
+    raise_if_bad_paths(args.target, [args.drafter])
     _set_threads(args.threads)
     if args.rounds:  # no generation: the target is needed only to bind the drafter (no tokenizer)
         target, _ = load_target(args.target, args.dtype, tokenizer=False)
@@ -138,11 +139,12 @@ def add_eval(sub) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluation.harness import evaluate, label_drafters
-    from ..loading import load_drafter, load_target
+    from ..loading import load_drafter, load_target, raise_if_bad_paths
 
     paths = [args.drafter, *(args.baseline_drafter or [])]
     if args.names and len(args.names) != len(paths):
         args.parser.error(f"--names needs {len(paths)} labels (one per drafter), got {len(args.names)}")
+    raise_if_bad_paths(args.target, paths)
     _set_threads(args.threads)
     target, tokenizer = load_target(args.target, args.dtype, device=args.device or _device_default())
     drafters = label_drafters([load_drafter(path, target).model for path in paths], args.names)
@@ -201,8 +203,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..evaluation.benchmarks import default_eval_dir
     from ..evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
                                              heldout_prompts, results_table, run_generate_bench)
-    from ..loading import load_drafter, load_target
+    from ..loading import load_drafter, load_target, raise_if_bad_paths
 
+    raise_if_bad_paths(args.target, [args.drafter, args.compare_drafter, args.dflash_drafter])
     torch.set_num_threads(args.threads)
     settings = GenerateBenchSettings(
         max_new_tokens=args.max_new_tokens, temperatures=_floats(args.temperatures), seed=args.seed,
@@ -281,7 +284,7 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--workload", choices=("prompts", "agents"), default="prompts",
                    help="prompts: the benchmarks' first turns, C requests in flight; agents: C scripted tool-calling "
                         "agents (hf_dspark.evaluation.agent_script), each sending its next generation on its growing "
-                        "conversation as soon as the last one is answered, one lookup scope per agent")
+                        "conversation as soon as the last one is answered, one cache salt per agent")
     p.add_argument("--agent-turns", type=int, default=2, help="user turns per agent (4 generations each)")
     p.add_argument("--out", default="runs/bench_serving")
     p.set_defaults(func=cmd_serve_bench, default_log_level="info")
@@ -293,10 +296,11 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     from ..evaluation.plots import plot_throughput_frontier
     from ..evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, run_serving_bench,
                                             serving_prompts, step_kind_table, summary_table)
-    from ..loading import load_drafter, load_target
+    from ..loading import load_drafter, load_target, raise_if_bad_paths
     from ..generation.memory import LONG_MATCH_TOKENS
     from ..serving import DSparkEngine, profile_step_cost
 
+    raise_if_bad_paths(args.target, [args.drafter])
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

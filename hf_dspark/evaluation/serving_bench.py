@@ -188,7 +188,7 @@ class AgentClosedLoop(ClosedLoop):
     """``concurrency`` scripted tool-calling agents (:class:`~hf_dspark.evaluation.agent_script.ScriptedAgent`),
     each sending its next generation as soon as its last one is answered: the engine serves the product's own use
     case, every request re-reading its agent's growing conversation. Agent ``a`` starts at scripted turn ``a`` (the
-    agents ask different things) and has a lookup scope of its own (its earlier replies are lookup history and its
+    agents ask different things) and has a cache salt of its own (its earlier replies are lookup history and its
     caches are kept for its next request, never another agent's). Request ``a × G + k`` is agent ``a``'s ``k``-th
     generation, whatever the order they finish in, so greedy outputs compare across policies by index."""
 
@@ -207,7 +207,7 @@ class AgentClosedLoop(ClosedLoop):
             index = agent_index * self.generations + agent.generation
             messages, max_new_tokens = agent.next_request()
             handle = self.engine.submit(render_ids(self.tokenizer, messages), max_new_tokens,
-                                        lookup_scope=f"agent-{agent_index}", **self.sampling)
+                                        cache_salt=f"agent-{agent_index}", **self.sampling)
             self.inflight.append((index, handle, now()))
             self.submitted += 1
         self._idle = []

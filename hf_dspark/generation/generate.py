@@ -31,7 +31,7 @@ from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
 from .kv_cache import growing_cache
 from .lookup import LookupHistoryKey, LookupProposer
-from .memory import LONG_MATCH_TOKENS, memory_for
+from .memory import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, memory_for
 from .prefix_cache import CachedPrefix, weights_signature
 from .processing import RowLogitsProcessor, adapt_for_rows, apply_processors
 from .ragged_batch import RaggedBatch, fill_from_the_end
@@ -99,10 +99,11 @@ def _threshold_policy(drafter, num_tokens: int | None, threshold: float | None) 
     return ThresholdPolicy(threshold, num_tokens=num_tokens, max_threshold=math.inf)
 
 
-def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_scope: str | None, step_cost, tokenizer,
-               rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
+def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: ScopeState | None, salt: str | None,
+               step_cost, tokenizer, rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
     """The round one ``generate`` call runs: explicit limits -> the threshold policy (drafter only); otherwise the
-    cost-aware scheduler, remembered across calls on this target, with the lookup proposer unless turned off."""
+    cost-aware scheduler of the call's salt, remembered across calls, with the lookup proposer unless turned off.
+    ``scope`` None: an isolated call (a fresh scheduler and calibrator; no lookup history read or written)."""
     if lookup not in (True, False, "only"):
         raise ValueError(f"dspark_lookup must be True, False or 'only' (lookup proposals without the drafter), got "
                          f"{lookup!r}")
@@ -112,19 +113,20 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, lookup_
     elif isinstance(policy, str):
         policy = make_policy(policy)
     memory = memory_for(model)
+    state = scope if scope is not None else ScopeState()
     if policy is None:
-        policy = memory.policy_for(drafter, lookup)
+        policy = state.policy_for(drafter, lookup)
     round_drafter = None if lookup == "only" else drafter
     width = 1 + max(drafter.config.block_size, LONG_MATCH_TOKENS if lookup else 0)
     cost = step_cost if step_cost is not None else (lambda: memory.cost_for(model, round_drafter, rows, width))
     proposer = None
     if lookup and policy.supports_lookup:
-        key = None if lookup_scope is None else LookupHistoryKey.for_model(model, tokenizer, lookup_scope)
+        key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt or DEFAULT_SALT)
         proposer = LookupProposer(memory.history, key, max_tokens=max(drafter.config.block_size, 8),
                                   long_match_tokens=LONG_MATCH_TOKENS)
     round_ = SpeculativeRound(model, round_drafter, policy, cost=cost, verify_fn=verify,
                               sequential_top_k=sequential_top_k, observe_time=step_cost is None,
-                              lookup=proposer, calibrator=memory.calibrator)
+                              lookup=proposer, calibrator=state.calibrator)
     return round_, proposer
 
 
@@ -133,20 +135,24 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_recorder=None, dspark_num_tokens: int | None = None,
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
-                  dspark_lookup_scope: str | None = None, dspark_prefix_cache: bool = True, dspark_step_cost=None,
+                  dspark_cache_salt: str | None = None, dspark_isolate: bool = False, dspark_prefix_cache: bool = True,
+                  dspark_step_cost=None,
                   dspark_cpu_linears: bool = True, dspark_tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
     this machine's measured step cost (profiled once, cached): per row it takes the lookup proposal (drafts
-    copied from the row's context or, within a lookup scope, earlier calls), the drafter's block, or nothing, and
-    verifies as far as it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
-    "only": lookup without running the drafter), ``dspark_lookup_scope`` (None, the default: each call's own
-    prompt and output only; a string: calls with that scope reuse each other's output, as an agent's turns or one
-    user's session may — never give two users one scope: acceptance timing can reveal the other's text) and
-    ``dspark_step_cost`` (a ``StepCostProfile`` instead of measuring) tune it. Within a scope a batch-1 call also
-    keeps its caches for the next call of that scope, which prefills only the part of its prompt that is new (an
-    agent's growing conversation; ``generation/prefix_cache.py``); ``dspark_prefix_cache=False`` turns that off.
+    copied from the row's context or earlier calls' output), the drafter's block, or nothing, and verifies as far as
+    it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
+    "only": lookup without running the drafter) and ``dspark_step_cost`` (a ``StepCostProfile`` instead of
+    measuring) tune it.
+
+    Calls on one target share, by default, what makes an agent's next turn fast (``memory.py``): the lookup history
+    (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a batch-1 call, its
+    caches, so the next call prefills only the part of its prompt that is new (``prefix_cache.py``). A caller
+    serving several users passes ``dspark_cache_salt`` (one string per user): calls with different salts share
+    nothing, since acceptance timing and cache hits can reveal another user's text. ``dspark_isolate=True`` shares
+    nothing at all; ``dspark_prefix_cache=False`` keeps no caches (lookup history still shared).
     On a CPU fp32 target the loop runs its CPU kernels (``cpu_kernels.loop_kernels``): linears as skinny
     ``W @ xᵀ`` products (one step and short verifies much cheaper than stock ``F.linear``'s, results within its
     last bits) and verify attention with the query heads of a key/value group folded into the query length (no
@@ -169,7 +175,10 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     _raise_if_unsupported(model, generation_config, cache, input_ids.shape[1])
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
-    prefix_key = _prefix_key(model, drafter, call, cache, dspark_lookup_scope if dspark_prefix_cache else None)
+    _raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
+    scope = None if dspark_isolate else memory_for(model).scope(dspark_cache_salt)
+    keeps_prefixes = dspark_prefix_cache and scope is not None
+    prefix_key = _prefix_key(model, drafter, call, cache, dspark_cache_salt) if keeps_prefixes else None
     weights, reused = (), None
     if prefix_key is not None:
         weights = weights_signature(model, drafter)
@@ -182,7 +191,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
                                     threshold=dspark_confidence_threshold,
                                     lookup=dspark_lookup if dspark_recorder is None else False,
-                                    lookup_scope=dspark_lookup_scope, step_cost=dspark_step_cost,
+                                    scope=scope, salt=dspark_cache_salt, step_cost=dspark_step_cost,
                                     tokenizer=dspark_tokenizer, rows=len(call.tokens),
                                     sequential_top_k=dspark_sequential_top_k)
         shared = memory_for(model).round_lock  # the policy, calibrator and lookup history other calls use too
@@ -205,17 +214,27 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     return call.finish(model)
 
 
-def _prefix_key(model, drafter, call: "_GenerateCall", cache, scope: str | None):
-    """The prefix-cache key of this call, or None where caches are not kept: no scope (nothing is shared without
-    one), batch > 1 or a padded prompt (slots would not be positions), a caller's own non-empty cache, an
-    autoregressive drafter (its context state describes the last entry and cannot be cropped)."""
-    if scope is None or len(call.tokens) != 1 or call.tokens.num_pad[0]:
+def _raise_if_bad_salt(salt, isolate) -> None:
+    if salt is not None and not isinstance(salt, str):
+        raise ValueError(f"dspark_cache_salt must be a string (one per user or tenant) or None, got {salt!r}")
+    if not isinstance(isolate, bool):
+        raise ValueError(f"dspark_isolate must be True or False, got {isolate!r}")
+    if isolate and salt is not None:
+        raise ValueError("dspark_isolate=True shares nothing, so a dspark_cache_salt has nothing to separate: give "
+                         "one or the other.")
+
+
+def _prefix_key(model, drafter, call: "_GenerateCall", cache, salt: str | None):
+    """The prefix-cache key of this call, or None where caches are not kept: batch > 1 or a padded prompt (slots
+    would not be positions), a caller's own non-empty cache, an autoregressive drafter (its context state describes
+    the last entry and cannot be cropped)."""
+    if len(call.tokens) != 1 or call.tokens.num_pad[0]:
         return None
     if cache is not None and cache.get_seq_length():
         return None
     if architecture_of(drafter.config).autoregressive:
         return None
-    return memory_for(model).prefix_key(scope, drafter)
+    return memory_for(model).prefix_key(salt, drafter)
 
 
 class _GenerateCall:

@@ -1,13 +1,19 @@
-"""What ``generate`` remembers across calls on one target: the verify policy's learned acceptance and step-time
-corrections, the measured step cost, the lookup calibrator, the lookup history and the prefix cache.
+"""What ``generate`` remembers across calls on one target, and who may share it.
 
-Why: an agent loop is many short ``generate`` calls; a policy that forgot everything at every call would spend its
-first rounds of each one relearning what the drafter accepts, and the step cost would be read from disk (and
-spot-checked with a forward) every time. Everything here is per target object (a weak reference: it goes with the
-target), bounded, and cleared by ``hf_dspark.disable(target)`` / :func:`forget`. The lookup history is used
-only by calls that name a ``dspark_lookup_scope`` and shared only by calls with the same key (target, tokenizer,
-that scope); calls without one read and leave nothing there. The same holds for the prefix cache (per scope and
-drafter: ``prefix_cache.py``).
+Why: an agent loop is many short ``generate`` calls on a growing conversation. A call that forgot everything would
+prefill the whole conversation again, copy nothing from the agent's earlier replies, and spend its first rounds
+relearning what the drafter and lookup accept; the step cost would be read from disk every time.
+
+Sharing follows vLLM's prefix caching: calls on the same target share by default (one default scope), and a caller
+that serves several users gives each a *salt* (``dspark_cache_salt=``): calls with different salts never share
+anything — neither the prefix cache, nor the lookup history, nor the scheduler's learned acceptance (timing), since
+acceptance timing and cache hits can reveal another user's text. ``dspark_isolate=True`` shares nothing at all: the
+call reads and leaves nothing and starts from a fresh scheduler. Only the measured step cost (the machine's, not
+any text's) is shared by every call.
+
+Everything is per target object (a weak reference: it goes with the target), bounded (the history's tokens, the
+prefix cache's bytes and entries, :data:`MAX_SCOPES` salts' schedulers), and cleared by
+``hf_dspark.disable(target)`` / :func:`forget`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import itertools
 import logging
 import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..scheduling.policies import ScheduledPolicy
@@ -27,37 +34,55 @@ logger = logging.getLogger(__name__)
 
 #: Lookup proposals per round: the block for short matches, up to this many for a copy in progress.
 LONG_MATCH_TOKENS = 16
-#: Tokens of earlier generations a target's lookup history keeps (all scopes together).
+#: Tokens of earlier generations a target's lookup history keeps (all salts together).
 HISTORY_TOKENS = 65_536
+#: Salts whose schedulers a target keeps (least recently used dropped first).
+MAX_SCOPES = 64
+#: The scope of calls that give no salt.
+DEFAULT_SALT = ""
 
 
 @dataclass
-class SpeculationMemory:
-    """One target's state across ``generate`` calls (policies per drafter; lookup state per target)."""
+class ScopeState:
+    """What the calls of one salt share besides their caches: the scheduler's learned acceptance and step-time
+    corrections (one per drafter and lookup mode) and the lookup drafts' calibration."""
 
-    history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
     calibrator: LookupCalibrator = field(default_factory=LookupCalibrator)
     policies: dict = field(default_factory=dict)  # (drafter token, lookup mode) -> ScheduledPolicy
-    costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
-    prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (scope, drafter token) -> caches
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # held by a generate call while it plans, runs and books a round (the policy, calibrator and lookup history
-    # above are shared by every call on the target; concurrent calls take turns, each as if alone)
-    round_lock: threading.RLock = field(default_factory=threading.RLock)
 
     def policy_for(self, drafter, lookup: bool | str = True) -> ScheduledPolicy:
         """The scheduler of calls with this drafter and lookup mode (``dspark_lookup``): one per mode, because its
         history is a record of decisions between the sources that mode offers — calls with lookup proposals that
-        found the drafter not worth probing must not stop calls without them from drafting (a benchmark's
-        drafter-only arm, sharing the fused arm's scheduler, drafted 3 of 187 rounds where alone it drafted most)."""
-        with self.lock:
-            # generate calls come and go: a drafter that keeps not paying is probed less and less often (the
-            # policy's default back-off)
-            return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy())
+        found the drafter not worth probing must not stop calls without them from drafting."""
+        return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy())
 
-    def prefix_key(self, scope: str, drafter) -> tuple[str, int]:
-        """Prefix-cache entries belong to a caller scope and to the drafter whose context they hold."""
-        return scope, _token(drafter)
+
+@dataclass
+class SpeculationMemory:
+    """One target's state across ``generate`` calls (see the module docstring)."""
+
+    history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
+    costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
+    prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (salt, drafter token) -> caches
+    scopes: OrderedDict = field(default_factory=OrderedDict)  # salt -> ScopeState, least recently used first
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # held by a generate call while it plans, runs and books a round (the schedulers, calibrators and lookup history
+    # are shared objects; concurrent calls take turns, each as if alone)
+    round_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def scope(self, salt: str | None) -> ScopeState:
+        """The shared state of ``salt``'s calls (None: the default scope)."""
+        salt = DEFAULT_SALT if salt is None else salt
+        with self.lock:
+            state = self.scopes.pop(salt, None) or ScopeState()
+            self.scopes[salt] = state
+            while len(self.scopes) > MAX_SCOPES:
+                self.scopes.popitem(last=False)
+            return state
+
+    def prefix_key(self, salt: str | None, drafter) -> tuple[str, int]:
+        """Prefix-cache entries belong to a salt and to the drafter whose context they hold."""
+        return DEFAULT_SALT if salt is None else salt, _token(drafter)
 
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and
@@ -108,4 +133,5 @@ def _token(obj) -> int:
         return token
 
 
-__all__ = ["HISTORY_TOKENS", "LONG_MATCH_TOKENS", "SpeculationMemory", "forget", "memory_for"]
+__all__ = ["DEFAULT_SALT", "HISTORY_TOKENS", "LONG_MATCH_TOKENS", "MAX_SCOPES", "ScopeState", "SpeculationMemory",
+           "forget", "memory_for"]

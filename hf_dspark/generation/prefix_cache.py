@@ -1,4 +1,4 @@
-"""Prefix caching across ``generate`` calls of one scope: the next turn of a conversation prefills only what is new.
+"""Prefix caching across ``generate`` calls: the next turn of a conversation prefills only what is new.
 
 Why: an agent loop calls ``generate`` again and again on a conversation that only grows (the last prompt, the
 reply, a tool result, the next instruction). Plain ``generate`` prefills the whole history every call, and for
@@ -7,17 +7,19 @@ history takes 2.7 s, as long as ~33 decoding steps). The call's own caches alrea
 committed, so keeping them costs nothing until the next call, which crops them to the longest common prefix of
 its prompt and prefills the rest.
 
-What is kept, per (caller scope, drafter): the target's ``DynamicCache`` and the drafter's ``DraftCache`` of a
-batch-1 call, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no holes).
-Nothing is shared without a scope (acceptance and prefill timing would tell one user whether another's text
-began the same way), nothing computed by other weights is reused (``weights_signature``), an entry is taken by
-the call that reuses it (one owner at a time: that call extends it in place), and the store is bounded in entries
-and bytes. Reused K/V were computed by other forward shapes than a fresh prefill would use (float rounding differs
+What is kept, under a key (cache salt, drafter): the target's ``DynamicCache`` and the drafter's ``DraftCache`` of
+finished batch-1 calls, and the token ids whose positions they hold (slot i = position i: a batch-1 cache has no
+holes). A key holds several entries (several conversations of one salt), and a call takes the one that shares the
+longest prefix with its prompt. Nothing is shared across salts (acceptance and prefill timing would tell one user
+whether another's text began the same way), nothing computed by other weights is reused (``weights_signature``),
+an entry is taken by the call that reuses it (one owner at a time: that call extends it in place), and the store
+is bounded in entries and bytes. Reused K/V were computed by other forward shapes than a fresh prefill would use (float rounding differs
 in the last bits, as in every speculative verify forward).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -30,7 +32,7 @@ from ..modeling.draft_cache import DraftCache
 
 logger = logging.getLogger(__name__)
 
-#: Prefix-cache limits per target: entries (scopes × drafters) and the memory their caches hold (a 135M target keeps
+#: Prefix-cache limits per target: entries (conversations, over all salts and drafters) and the memory their caches hold (a 135M target keeps
 #: ~46 KB per token, a 7B one ~130 KB in bf16: 512 MiB is a few long conversations).
 PREFIX_CACHE_ENTRIES = 8
 PREFIX_CACHE_BYTES = 512 * 2**20
@@ -86,12 +88,13 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCacheStore:
-    """Bounded LRU of :class:`CachedPrefix` by key (scope, drafter); thread-safe. ``max_entries`` / ``max_bytes``
-    may be changed at any time (``memory_for(target).prefixes.max_bytes = ...``; 0 keeps nothing)."""
+    """Bounded LRU of :class:`CachedPrefix` entries, several per key (salt, drafter); thread-safe. ``max_entries`` /
+    ``max_bytes`` may be changed at any time (``memory_for(target).prefixes.max_bytes = ...``; 0 keeps nothing)."""
 
     def __init__(self, max_entries: int = PREFIX_CACHE_ENTRIES, max_bytes: int = PREFIX_CACHE_BYTES):
         self.max_entries, self.max_bytes = int(max_entries), int(max_bytes)
-        self._entries: OrderedDict = OrderedDict()
+        self._entries: OrderedDict[int, tuple[object, CachedPrefix]] = OrderedDict()  # least recently used first
+        self._ids = itertools.count()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -99,35 +102,45 @@ class PrefixCacheStore:
 
     @property
     def num_bytes(self) -> int:
-        return sum(entry.num_bytes for entry in self._entries.values())
+        return sum(entry.num_bytes for _, entry in self._entries.values())
 
     def take(self, key, prompt_ids: Sequence[int], weights: tuple = ()) -> tuple[CachedPrefix, int] | None:
-        """Remove the entry of ``key`` and return it cropped to what ``prompt_ids`` can reuse, with that length;
-        None when nothing useful is cached (or it was computed by other ``weights``: then it is dropped). At least
-        the prompt's last token is left to prefill (its logits pick the first new token)."""
+        """Remove the entry of ``key`` that shares the longest prefix with ``prompt_ids`` and return it cropped to
+        that prefix, with its length; None when nothing useful is cached (entries computed by other ``weights``
+        are dropped on the way). At least the prompt's last token is left to prefill (its logits pick the first new
+        token)."""
         with self._lock:
-            entry = self._entries.pop(key, None)
-        if entry is None:
-            return None
-        if entry.weights != weights:
-            logger.info("prefix cache: the weights changed since %s was cached; prefilling afresh", key)
-            return None
-        reuse = min(common_prefix_length(entry.token_ids, prompt_ids), entry.num_tokens, len(prompt_ids) - 1)
-        if reuse < MIN_REUSED_TOKENS:
-            return None
-        entry.crop(reuse)
-        return entry, reuse
+            best, best_reuse = None, 0
+            for entry_id, (entry_key, entry) in list(self._entries.items()):
+                if entry_key != key:
+                    continue
+                if entry.weights != weights:
+                    logger.info("prefix cache: the weights changed since an entry of %s was cached; dropped", key)
+                    del self._entries[entry_id]
+                    continue
+                reuse = min(common_prefix_length(entry.token_ids, prompt_ids), entry.num_tokens, len(prompt_ids) - 1)
+                if reuse > best_reuse:
+                    best, best_reuse = entry_id, reuse
+            if best is None or best_reuse < MIN_REUSED_TOKENS:
+                return None
+            _, entry = self._entries.pop(best)
+        entry.crop(best_reuse)
+        return entry, best_reuse
 
     def put(self, key, entry: CachedPrefix) -> None:
-        """Keep ``entry`` for ``key`` (replacing the old one); evict least recently used entries over the limits."""
+        """Keep ``entry`` under ``key``; evict least recently used entries over the limits."""
         if entry.num_bytes > self.max_bytes or self.max_entries < 1:
             return
         with self._lock:
-            self._entries.pop(key, None)
-            self._entries[key] = entry
+            self._entries[next(self._ids)] = (key, entry)
             while len(self._entries) > self.max_entries or self.num_bytes > self.max_bytes:
-                evicted, _ = self._entries.popitem(last=False)
-                logger.debug("prefix cache: evicted %s", evicted)
+                _, (evicted, _) = self._entries.popitem(last=False)
+                logger.debug("prefix cache: evicted an entry of %s", evicted)
+
+    def keys(self) -> list:
+        """The keys that hold entries (one per entry, least recently used first)."""
+        with self._lock:
+            return [key for key, _ in self._entries.values()]
 
     def clear(self) -> None:
         with self._lock:

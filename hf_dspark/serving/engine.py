@@ -97,16 +97,19 @@ class DSparkEngine(PrefillMixin):
             (or when the next round would take it past its rows' share of ``max_batch_tokens``).
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
         lookup (`bool`, defaults to True): offer training-free lookup proposals (drafts copied from each request's
-            own prompt and output, and from earlier requests of the same ``SamplingParams.lookup_scope``) to a
+            own prompt and output, and from earlier requests of the same ``SamplingParams.cache_salt``) to a
             policy that can weigh them (``scheduled``); with ``draft=None`` the engine serves lookup only.
-        lookup_history_tokens (`int`, defaults to 65536): tokens of finished requests kept for lookup (all scopes
-            together; 0 = none). Requests without a scope never read or write it: acceptance timing can reveal
-            another user's text, so give each user / tenant its own scope.
-        prefix_cache (`bool`, defaults to True): a finished request with a ``lookup_scope`` leaves its target and
-            drafter caches for the scope's next request, which prefills only the part of its prompt that is new
-            (an agent's conversation is not prefilled again every turn; ``generate`` does the same per scope).
-            Bounded (``prefix_cache_bytes``, 8 entries, LRU), never without a scope, never across scopes or
-            changed weights; not for autoregressive drafters.
+        lookup_history_tokens (`int`, defaults to 65536): tokens of finished requests kept for lookup (all salts
+            together; 0 = none). Requests share it by default; requests with different ``cache_salt`` never
+            (acceptance timing can reveal another user's text: give each user / tenant its own salt), and an
+            ``isolate`` request neither reads nor writes it.
+        prefix_cache (`bool`, defaults to True): a finished request leaves its target and drafter caches for the
+            next request of its salt, which prefills only the part of its prompt that is new (an agent's
+            conversation is not prefilled again every turn; ``generate`` does the same). Bounded
+            (``prefix_cache_bytes``, 8 entries, LRU), never across salts or changed weights, never for ``isolate``
+            requests; not for autoregressive drafters. The scheduler plans the whole batch, so its learned
+            acceptance is the engine's, not a salt's: co-scheduled requests shape each other's timing whatever
+            their salts, as in any batching server.
         prefix_cache_bytes (`int`, defaults to 512 MiB): memory the kept caches may hold.
         cpu_linears (`bool`, defaults to True): on a CPU fp32 target, steps (and the step-cost profile) run the
             loop's CPU kernels (``cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears — a few rows per forward
@@ -164,7 +167,7 @@ class DSparkEngine(PrefillMixin):
                                        cost=lambda: self.step_cost, observe_time=sps is None,
                                        max_deferred_rounds=self.max_deferred_steps, lookup=self._lookup,
                                        calibrator=LookupCalibrator() if self._lookup is not None else None)
-        # caches a scope's finished request leaves for the scope's next one (a block drafter's context can be cropped
+        # caches a finished request leaves for the next one of its salt (a block drafter's context can be cropped
         # to any prefix; an autoregressive one's tail state cannot)
         keeps_prefixes = prefix_cache and not (self._round.drafter is not None
                                                and architecture_of(draft.config).autoregressive)
@@ -235,7 +238,8 @@ class DSparkEngine(PrefillMixin):
     def submit(self, prompt: Prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                eos_token_id: int | Sequence[int] | None = None, request_id: str | None = None,
-               lookup_scope: str | None = None, params: SamplingParams | None = None) -> RequestHandle:
+               cache_salt: str | None = None, isolate: bool = False,
+               params: SamplingParams | None = None) -> RequestHandle:
         """Queue a request (token ids, text, or chat messages) and return its handle; thread-safe.
 
         Raises RequestRejectedError for a malformed request (ids that are not ints in the target's vocabulary, a
@@ -245,7 +249,7 @@ class DSparkEngine(PrefillMixin):
             if params is None:
                 params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                         top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
-                                        lookup_scope=lookup_scope)
+                                        cache_salt=cache_salt, isolate=isolate)
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
             eos = self._eos_ids(params.eos_token_id)
             self._raise_if_never_fits(ids, params)
@@ -428,20 +432,19 @@ class DSparkEngine(PrefillMixin):
                 leaving.append(row)
         self._batch.vacate(leaving)
 
-    # -- the prefix cache (per scope) ---------------------------------------------------------------------------
+    # -- the prefix cache (per salt) ----------------------------------------------------------------------------
     def _prefix_key(self, request: Request):
-        """Where a request's caches are kept / looked up, or None (no scope, or the engine keeps none)."""
-        scope = request.params.lookup_scope
-        if self._prefixes is None or scope is None:
+        """Where a request's caches are kept / looked up, or None (an isolated request, or the engine keeps none)."""
+        if self._prefixes is None or request.params.isolate:
             return None
-        return memory_for(self.target).prefix_key(scope, self._round.drafter)  # (scope, this drafter's token)
+        return memory_for(self.target).prefix_key(request.params.cache_salt, self._round.drafter)
 
     def _weights(self) -> tuple:
         drafter = self._round.drafter
         return weights_signature(self.target, *([drafter] if drafter is not None else []))
 
     def _keep_prefix(self, row: int, request: Request) -> None:
-        """A completed request's caches serve its scope's next request (never a cancelled or failed one's)."""
+        """A completed request's caches serve its salt's next request (never a cancelled or failed one's)."""
         key = self._prefix_key(request)
         if key is None or request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             return
@@ -451,7 +454,7 @@ class DSparkEngine(PrefillMixin):
                                              self._weights()))
 
     def _reused_prefix(self, request: Request) -> tuple[CachedPrefix, int] | None:
-        """The scope's kept caches cropped to what this request's prompt shares with them (None: prefill all)."""
+        """The salt's kept caches cropped to what this request's prompt shares with them (None: prefill all)."""
         key = self._prefix_key(request)
         if key is None or request.tokens:  # a request resuming after a failed step prefills afresh
             return None
@@ -462,7 +465,7 @@ class DSparkEngine(PrefillMixin):
 
     def _on_finished(self, request: Request) -> None:
         if self._lookup is not None and getattr(request, "lookup_row", False):
-            # a completed request's text becomes lookup history for its scope (never a cancelled or failed one)
+            # a completed request's text becomes lookup history for its salt (never a cancelled or failed one)
             keep = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             self._lookup.end_row(request.request_id, keep_in_history=keep)
             request.lookup_row = False

@@ -100,7 +100,7 @@ class PrefillMixin:
         """Prefill state for a new request (its prompt) or one resuming after a failed decode step (prompt and
         committed tokens; its last token is the anchor again, nothing is sampled or committed twice)."""
         reused = self._reused_prefix(request)
-        if reused is not None:  # the scope's earlier request left the caches of this prompt's first `done` tokens
+        if reused is not None:  # an earlier request of its salt left the caches of this prompt's first `done` tokens
             entry, done = reused
             return _Prefill(entry.cache, entry.draft_cache if self.draft_width else None,
                             context=list(request.prompt_ids), num_done=done)
@@ -237,8 +237,8 @@ class PrefillMixin:
     def _start_lookup_row(self, request: Request) -> None:
         if self._lookup is None:
             return
-        scope = request.params.lookup_scope
-        key = None if scope is None else LookupHistoryKey.for_model(self.target, self.tokenizer, scope)
+        salt = request.params.cache_salt
+        key = None if request.params.isolate else LookupHistoryKey.for_model(self.target, self.tokenizer, salt or "")
         self._lookup.start_row(request.request_id, request.prompt_ids + request.tokens, history_key=key)
         request.lookup_row = True
 

@@ -93,9 +93,10 @@ class SamplingParams:
             distribution is unchanged, the exact sample is not.
         eos_token_id (`int | list[int]`, defaults to None = the target's generation config): stop tokens;
             an empty list never stops early.
-        lookup_scope (`str`, defaults to None): requests with the same scope share lookup history (drafts copied
-            from each other's earlier output: an agent's turns, one user's session); None = the request's own
-            prompt and output only. Never give two users one scope: acceptance timing can reveal the other's text.
+        cache_salt (`str`, defaults to None): requests share lookup history (drafts copied from each other's
+            earlier output: an agent's turns) and prefix caches by default; requests with different salts never
+            do. Give each user / tenant its own salt: acceptance timing and cache hits can reveal another's text.
+        isolate (`bool`, defaults to False): share nothing: no lookup history or prefix cache read or written.
     """
 
     max_new_tokens: int = 64
@@ -105,7 +106,8 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
-    lookup_scope: str | None = None
+    cache_salt: str | None = None
+    isolate: bool = False
 
     def __post_init__(self):
         for name in ("max_new_tokens", "top_k", "seed"):
@@ -124,6 +126,12 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 or None disables it), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise RequestRejectedError(f"cache_salt must be a string (one per user or tenant) or None, got "
+                                       f"{self.cache_salt!r}")
+        if self.isolate and self.cache_salt is not None:
+            raise RequestRejectedError("isolate=True shares nothing, so a cache_salt has nothing to separate: give "
+                                       "one or the other.")
 
     def logits_processors(self) -> LogitsProcessorList:
         """The warpers plain ``generate(do_sample=True, ...)`` would build, in the same order."""

@@ -198,7 +198,7 @@ def test_agent_workload_serves_each_agent_its_own_growing_conversation(tiny_targ
     engine = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
     sent = []
     submit = engine.submit
-    engine.submit = lambda ids, n, **kw: (sent.append((list(ids), n, kw.get("lookup_scope"))), submit(ids, n, **kw))[1]
+    engine.submit = lambda ids, n, **kw: (sent.append((list(ids), n, kw.get("cache_salt"))), submit(ids, n, **kw))[1]
     loop = AgentClosedLoop(engine, tokenizer, concurrency=2, turns_per_agent=1, sampling={})
     while not loop.done:
         loop.advance()

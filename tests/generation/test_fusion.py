@@ -115,10 +115,10 @@ def test_each_lookup_mode_keeps_its_own_scheduler(target, draft):
         got = plain(target, PROMPT, do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_lookup=lookup,
                     dspark_step_cost=flat_cost())
         assert torch.equal(got, plain(target, PROMPT, do_sample=False, max_new_tokens=12))
-    memory = memory_for(target)
-    assert len(memory.policies) == 3
-    policies = [memory.policy_for(draft, lookup) for lookup in (True, False, "only")]
-    assert len({id(p) for p in policies}) == 3 and memory.policy_for(draft, False) is policies[1]
+    scope = memory_for(target).scope(None)  # the default scope's schedulers
+    assert len(scope.policies) == 3
+    policies = [scope.policy_for(draft, lookup) for lookup in (True, False, "only")]
+    assert len({id(p) for p in policies}) == 3 and scope.policy_for(draft, False) is policies[1]
 
 
 def test_lookup_can_be_turned_off(target, draft):
@@ -162,26 +162,33 @@ def test_rounds_with_nothing_to_verify_skip_the_width_walk(target, draft, monkey
     assert len(walks) <= ScheduledPolicy.min_learning_rows < 10 <= draft.stats.rounds  # drafting rounds only
 
 
-def test_history_is_shared_only_within_a_scope(target, draft):
+def test_history_is_shared_only_within_a_salt(target, draft):
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
-    plain(target, PROMPT, dspark_lookup_scope="alice", **kwargs)
-    plain(target, PROMPT, dspark_lookup_scope="bob", **kwargs)
+    plain(target, PROMPT, dspark_cache_salt="alice", **kwargs)
+    plain(target, PROMPT, dspark_cache_salt="bob", **kwargs)
+    plain(target, PROMPT, **kwargs)
     history = memory_for(target).history
-    assert sorted(key.scope for key in history.keys()) == ["alice", "bob"]
+    assert sorted(key.scope for key in history.keys()) == ["", "alice", "bob"]  # "": the default scope
     forget(target)
     assert not memory_for(target).history.keys()
 
 
-def test_without_a_scope_a_call_shares_nothing(target, draft):
-    """The default (no dspark_lookup_scope): each call looks up its own prompt and output only, and leaves nothing
-    for later calls (another user's call on the same target must not be able to time-probe it)."""
+def test_by_default_calls_share_history_and_isolated_calls_share_nothing(target, draft):
+    """Calls on one target share the lookup history by default (an agent's next turn copies its earlier replies);
+    ``dspark_isolate=True`` reads and leaves nothing, and gets the same tokens."""
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
-    first = plain(target, PROMPT, **kwargs)
-    assert not memory_for(target).history.keys()
+    first = plain(target, PROMPT, dspark_isolate=True, **kwargs)
+    assert not memory_for(target).history.keys() and not memory_for(target).scopes
     assert torch.equal(plain(target, PROMPT, **kwargs), first)
-    assert not memory_for(target).history.keys()
+    assert [key.scope for key in memory_for(target).history.keys()] == [""]
+    assert torch.equal(plain(target, PROMPT, dspark_isolate=True, **kwargs), first)
+    assert [key.scope for key in memory_for(target).history.keys()] == [""]
+    with pytest.raises(ValueError, match="give one or the other"):
+        plain(target, PROMPT, dspark_isolate=True, dspark_cache_salt="alice", **kwargs)
+    with pytest.raises(ValueError, match="must be a string"):
+        plain(target, PROMPT, dspark_cache_salt=7, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -252,9 +259,22 @@ def test_engine_with_lookup_equals_plain_greedy(target, draft, with_drafter, mon
     assert with_drafter or "drafter" not in by_source
 
 
-def test_engine_lookup_history_needs_a_scope(target):
+def test_engine_lookup_history_is_shared_by_default_and_separated_by_salt(target):
     engine = DSparkEngine(target, None, "scheduled", sps=flat_cost(64))
-    engine.generate([PROMPT[0].tolist()], 8, eos_token_id=[])  # no scope: nothing is stored
+    engine.submit(PROMPT[0].tolist(), 8, isolate=True, eos_token_id=[]).result()  # isolated: nothing is stored
     assert engine._lookup.history.num_tokens == 0
-    engine.submit(PROMPT[0].tolist(), 8, lookup_scope="user-1", eos_token_id=[]).result()
-    assert [key.scope for key in engine._lookup.history.keys()] == ["user-1"]
+    engine.generate([PROMPT[0].tolist()], 8, eos_token_id=[])  # no salt: the default scope
+    engine.submit(PROMPT[0].tolist(), 8, cache_salt="user-1", eos_token_id=[]).result()
+    assert sorted(key.scope for key in engine._lookup.history.keys()) == ["", "user-1"]
+
+
+def test_salts_keep_their_own_schedulers(target, draft):
+    """What one salt's calls taught the scheduler (acceptance, step time: what timing reveals) is not another's."""
+    forget(target)
+    kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
+    plain(target, PROMPT, dspark_cache_salt="alice", **kwargs)
+    memory = memory_for(target)
+    alice, bob = memory.scope("alice"), memory.scope("bob")
+    assert alice is not bob and alice.calibrator is not bob.calibrator
+    assert alice.policies and not bob.policies  # bob's scheduler starts from its priors
+    assert memory.scope("alice") is alice and memory.scope(None) is not alice

@@ -48,7 +48,7 @@ def conversation(target, draft, turns: int, **kwargs) -> tuple[list[list[int]], 
 
 def test_a_scope_reuses_the_previous_turn_and_output_stays_plain(target, draft):
     forget(target)
-    prompts, replies, reused = conversation(target, draft, 4, do_sample=False, dspark_lookup_scope="agent-1",
+    prompts, replies, reused = conversation(target, draft, 4, do_sample=False, dspark_cache_salt="agent-1",
                                             dspark_step_cost=flat_cost())
     for prompt, reply in zip(prompts, replies):
         assert reply == generate(target, prompt, do_sample=False, max_new_tokens=12)
@@ -60,24 +60,40 @@ def test_a_scope_reuses_the_previous_turn_and_output_stays_plain(target, draft):
     assert draft.stats.prompt_tokens == len(prompts[-1])
 
 
-def test_nothing_is_kept_without_a_scope_or_when_turned_off(target, draft):
+def test_a_default_conversation_reuses_its_prefix_and_isolated_calls_keep_nothing(target, draft):
+    """No keyword at all: an agent's successive calls share the target's default scope, so each turn prefills only
+    what is new. ``dspark_isolate=True`` (or ``dspark_prefix_cache=False``) keeps nothing."""
     forget(target)
-    _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_step_cost=flat_cost())
-    assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
-    _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_lookup_scope="agent-1",
-                                dspark_prefix_cache=False, dspark_step_cost=flat_cost())
-    assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
+    prompts, replies, reused = conversation(target, draft, 3, do_sample=False, dspark_step_cost=flat_cost())
+    for prompt, reply in zip(prompts, replies):
+        assert reply == generate(target, prompt, do_sample=False, max_new_tokens=12)
+    assert reused[0] == 0
+    assert reused[1:] == [len(prev) + len(reply) - 1 for prev, reply in zip(prompts[:-1], replies[:-1])]
+    for kwargs in ({"dspark_isolate": True}, {"dspark_prefix_cache": False}):
+        forget(target)
+        _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_step_cost=flat_cost(), **kwargs)
+        assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
+
+
+def test_two_conversations_of_one_salt_each_reuse_their_own_prefix(target, draft):
+    forget(target)
+    kwargs = dict(do_sample=False, max_new_tokens=8, assistant_model=draft, dspark_step_cost=flat_cost())
+    first, second = list(range(3, 43)), list(range(50, 90))
+    replies = [generate(target, prompt, **kwargs) for prompt in (first, second)]
+    for prompt, reply in zip((first, second), replies):
+        generate(target, prompt + reply + [7, 8, 9], **kwargs)
+        assert draft.stats.reused_prompt_tokens == len(prompt) + len(reply) - 1
 
 
 def test_scopes_do_not_share_and_a_diverging_prompt_reuses_only_the_common_part(target, draft):
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
     prompt = list(range(3, 63))
-    generate(target, prompt, dspark_lookup_scope="alice", **kwargs)
-    generate(target, prompt + [70, 71], dspark_lookup_scope="bob", **kwargs)
+    generate(target, prompt, dspark_cache_salt="alice", **kwargs)
+    generate(target, prompt + [70, 71], dspark_cache_salt="bob", **kwargs)
     assert draft.stats.reused_prompt_tokens == 0  # alice's caches are not bob's
     edited = prompt[:30] + [90] * 40
-    got = generate(target, edited, dspark_lookup_scope="alice", **kwargs)
+    got = generate(target, edited, dspark_cache_salt="alice", **kwargs)
     assert draft.stats.reused_prompt_tokens == 30
     assert got == generate(target, edited, do_sample=False, max_new_tokens=12)
 
@@ -90,11 +106,11 @@ def test_sampling_with_a_reused_prefix_keeps_the_distribution(target, draft):
     for i in range(300):
         torch.manual_seed(i)
         reply = generate(target, first, assistant_model=draft, do_sample=True, max_new_tokens=3,
-                         dspark_lookup_scope=f"s{i}", dspark_step_cost=flat_cost())
+                         dspark_cache_salt=f"s{i}", dspark_step_cost=flat_cost())
         second = first + reply + [50, 51]
         torch.manual_seed(10_000 + i)
         counts["reused"].append(generate(target, second, assistant_model=draft, do_sample=True, max_new_tokens=3,
-                                         dspark_lookup_scope=f"s{i}", dspark_step_cost=flat_cost()))
+                                         dspark_cache_salt=f"s{i}", dspark_step_cost=flat_cost()))
         assert draft.stats.reused_prompt_tokens == len(first) + len(reply) - 1
         torch.manual_seed(20_000 + i)
         counts["plain"].append(generate(target, second, do_sample=True, max_new_tokens=3))
@@ -117,24 +133,24 @@ def test_store_is_bounded_and_takes_what_the_prompt_shares():
     for key in ("a", "b", "c"):
         ids = torch.arange(3, 3 + 2 * MIN_REUSED_TOKENS)[None]
         target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=4,
-                        do_sample=False, pad_token_id=0, dspark_lookup_scope=key, dspark_step_cost=flat_cost())
+                        do_sample=False, pad_token_id=0, dspark_cache_salt=key, dspark_step_cost=flat_cost())
     prefixes = memory_for(target).prefixes
     assert len(prefixes) == 3  # the target's own store (8 entries)
-    entry = next(iter(prefixes._entries.values()))
+    _, entry = next(iter(prefixes._entries.values()))
     store.put("a", entry)
     short = list(range(3, 3 + MIN_REUSED_TOKENS - 1)) + [99]
     assert store.take("a", short) is None  # too short a common prefix: prefilled afresh (and the entry is gone)
     assert len(store) == 0
-    entries = list(prefixes._entries.values())
+    entries = [entry for _, entry in prefixes._entries.values()]
     for key, entry in zip("xyz", entries):
         store.put(key, entry)
-    assert len(store) == 2 and "x" not in store._entries  # least recently used evicted past max_entries
+    assert len(store) == 2 and "x" not in store.keys()  # least recently used evicted past max_entries
     store.max_bytes = max(e.num_bytes for e in entries)  # room for one entry only (they are the same size)
     store.put("w", entries[0])
-    assert list(store._entries) == ["w"] and store.num_bytes <= store.max_bytes
+    assert store.keys() == ["w"] and store.num_bytes <= store.max_bytes
     store.max_bytes = 0
     store.put("v", entries[1])
-    assert "v" not in store._entries  # larger than the whole budget: not kept
+    assert "v" not in store.keys()  # larger than the whole budget: not kept
 
 
 def test_changed_weights_are_never_served_from_the_cache():
@@ -143,7 +159,7 @@ def test_changed_weights_are_never_served_from_the_cache():
     model = make_tiny_llama(seed=7)
     model.generation_config.eos_token_id = None
     drafter = DSparkDraftModel.from_target(model, num_layers=1, block_size=4, markov_rank=8).eval()
-    kwargs = dict(do_sample=False, max_new_tokens=8, assistant_model=drafter, dspark_lookup_scope="s",
+    kwargs = dict(do_sample=False, max_new_tokens=8, assistant_model=drafter, dspark_cache_salt="s",
                   dspark_step_cost=flat_cost())
     prompt = list(range(3, 43))
     reply = generate(model, prompt, **kwargs)

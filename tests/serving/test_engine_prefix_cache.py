@@ -32,7 +32,8 @@ def plain(target, ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def conversations(engine: DSparkEngine, scopes: list[str | None], turns: int, new_tokens: int = 10):
+def conversations(engine: DSparkEngine, scopes: list[str | None], turns: int, new_tokens: int = 10,
+                  isolate: bool = False):
     """One agent-like conversation per scope, all in flight together: each turn's prompt is the previous prompt +
     its reply + a new message. Returns per scope the prompts and replies, and per turn the prompt tokens the
     engine reused."""
@@ -42,7 +43,8 @@ def conversations(engine: DSparkEngine, scopes: list[str | None], turns: int, ne
     reused = []
     for _ in range(turns):
         before = engine.metrics()["reused_prompt_tokens"]
-        handles = [engine.submit(prompts[i][-1], new_tokens, lookup_scope=scope) for i, scope in enumerate(scopes)]
+        handles = [engine.submit(prompts[i][-1], new_tokens, cache_salt=scope, isolate=isolate)
+                   for i, scope in enumerate(scopes)]
         for i, handle in enumerate(handles):
             replies[i].append(handle.result().token_ids)
         reused.append(engine.metrics()["reused_prompt_tokens"] - before)
@@ -67,9 +69,14 @@ def test_a_scope_reuses_the_previous_turn_and_outputs_stay_plain(target, draft, 
         assert reused[turn] == sum(len(prompts[i][turn - 1]) + len(replies[i][turn - 1]) - 1 for i in prompts)
 
 
-def test_nothing_is_kept_without_a_scope_or_when_turned_off(target, draft):
+def test_default_conversations_reuse_their_prefixes_and_isolated_requests_keep_nothing(target, draft):
+    """Two conversations without a salt share the default scope and each reuses its own previous turn; isolated
+    requests and an engine without a prefix cache keep nothing."""
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
-    _, _, reused = conversations(engine, [None, None], turns=2)
+    prompts, replies, reused = conversations(engine, [None, None], turns=2)
+    assert reused == [0, sum(len(prompts[i][0]) + len(replies[i][0]) - 1 for i in prompts)]
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+    _, _, reused = conversations(engine, [None, None], turns=2, isolate=True)
     assert reused == [0, 0] and len(engine._prefixes) == 0
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost(), prefix_cache=False)
     _, _, reused = conversations(engine, ["alice"], turns=2)
@@ -79,18 +86,18 @@ def test_nothing_is_kept_without_a_scope_or_when_turned_off(target, draft):
 def test_scopes_never_share_and_a_diverging_prompt_reuses_only_the_common_part(target, draft):
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
     prompt = list(range(3, 63))
-    engine.submit(prompt, 8, lookup_scope="alice").result()
-    engine.submit(prompt + [70, 71], 8, lookup_scope="bob").result()
+    engine.submit(prompt, 8, cache_salt="alice").result()
+    engine.submit(prompt + [70, 71], 8, cache_salt="bob").result()
     assert engine.metrics()["reused_prompt_tokens"] == 0  # alice's caches are not bob's
     edited = prompt[:30] + [90] * 40
-    out = engine.submit(edited, 8, lookup_scope="alice").result()
+    out = engine.submit(edited, 8, cache_salt="alice").result()
     assert engine.metrics()["reused_prompt_tokens"] == 30
     assert out.token_ids == plain(target, edited, 8)
 
 
 def test_a_cancelled_request_leaves_nothing(target, draft):
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
-    handle = engine.submit(list(range(3, 50)), 30, lookup_scope="alice")
+    handle = engine.submit(list(range(3, 50)), 30, cache_salt="alice")
     engine.step()
     engine.step()
     handle.cancel()
@@ -112,10 +119,11 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
     engine = DSparkEngine(target, draft, "fixed", sps=flat_cost(), policy_kwargs={"num_tokens": 3})
     # a second, shorter and longer-running row: the batch is ragged (padding and rejected slots are holes) when
     # alice's row leaves it
-    handles = [engine.submit(list(range(3, 40)), 12, lookup_scope="alice"),
-               engine.submit(list(range(50, 60)), 20, lookup_scope="bob")]
+    handles = [engine.submit(list(range(3, 40)), 12, cache_salt="alice"),
+               engine.submit(list(range(50, 60)), 20, cache_salt="bob")]
     outputs = [handle.result() for handle in handles]
-    entry = engine._prefixes._entries[memory_for(target).prefix_key("alice", draft)]
+    alice = memory_for(target).prefix_key("alice", draft)
+    (entry,) = [entry for key, entry in engine._prefixes._entries.values() if key == alice]
     tokens = list(range(3, 40)) + outputs[0].token_ids
     assert entry.token_ids == tokens and entry.num_tokens == len(tokens) - 1  # the last token is the anchor
     n = entry.num_tokens
@@ -134,8 +142,8 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
 def test_kept_caches_hold_no_autograd_graph(target, draft):
     """Retiring runs outside the decode step's no_grad block: the kept K/V must not drag an autograd graph along."""
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
-    engine.submit(list(range(3, 40)), 9, lookup_scope="alice").result()
-    (entry,) = engine._prefixes._entries.values()
+    engine.submit(list(range(3, 40)), 9, cache_salt="alice").result()
+    ((_, entry),) = engine._prefixes._entries.values()
     tensors = [t for layer in entry.cache.layers for t in (layer.keys, layer.values)]
     tensors += entry.draft_cache.keys + entry.draft_cache.values
     assert not any(t.requires_grad for t in tensors)
