@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -62,20 +63,57 @@ def locate_gguf() -> Path:
     )
 
 
+# cache folder's conversion dir -> the temporary folder this process converted into instead (the cache folder refused
+# it); removed when the process ends
+_SCRATCH_DIRS: dict[str, tempfile.TemporaryDirectory] = {}
+
+
 def converted_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    return Path(cache_dir or default_cache_dir()) / f"smollm2-135m-instruct-v{_CONVERSION_VERSION}"
+    """The converted embedded target's folder: in the cache folder, or in this process's temporary folder when the
+    cache folder could not take it."""
+    out_dir = Path(cache_dir or default_cache_dir()) / f"smollm2-135m-instruct-v{_CONVERSION_VERSION}"
+    scratch = _SCRATCH_DIRS.get(str(out_dir))
+    return Path(scratch.name) / out_dir.name if scratch is not None else out_dir
 
 
-def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+def _read_gguf(gguf_path: Path):
+    """``(model, tokenizer)`` dequantised from the GGUF file (fp32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    logger.info("Converting %s to a safetensors model in %s (one-time, ~30 s)", gguf_path.name, out_dir)
+    if importlib.util.find_spec(GGUF_READER) is None:
+        raise EmbeddedTargetUnavailableError(
+            f"Converting the embedded target once needs the '{GGUF_READER}' package: pip install {GGUF_READER} "
+            "(or pip install 'hf-dspark[embedded]').")
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     # The GGUF quantizer stays attached after dequantisation and blocks save_pretrained.
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
+    return model, tokenizer
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Convert once into ``out_dir``; the folder written. A cache folder that refuses it (read-only, under a regular
+    file, full) costs one warning, and the conversion goes to a temporary folder kept for this process: the cache
+    saves the conversion next time, it is no reason to fail."""
+    logger.info("Converting %s to a safetensors model in %s (one-time, ~30 s)", gguf_path.name, out_dir)
+    model, tokenizer = _read_gguf(gguf_path)
     model.config.name_or_path = DEFAULT_TARGET_ID
+    try:
+        _save_converted(model, tokenizer, out_dir)
+        return out_dir
+    except OSError as err:
+        scratch = tempfile.TemporaryDirectory(prefix="hf_dspark-")
+        _SCRATCH_DIRS[str(out_dir)] = scratch
+        logger.warning("Cannot write the cache folder %s (%s): the embedded target is converted into %s for this "
+                       "process only, and converted again (~30 s) by the next one. Point HF_DSPARK_CACHE at a "
+                       "writable folder to keep it.", out_dir.parent, err, scratch.name)
+        _save_converted(model, tokenizer, Path(scratch.name) / out_dir.name)
+        return Path(scratch.name) / out_dir.name
+
+
+def _save_converted(model, tokenizer, out_dir: Path) -> None:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     model.save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
@@ -96,13 +134,7 @@ def load_default_target(
 
     out_dir = converted_target_dir(cache_dir)
     if not (out_dir / "config.json").is_file():
-        gguf_path = locate_gguf()
-        if importlib.util.find_spec(GGUF_READER) is None:
-            raise EmbeddedTargetUnavailableError(
-                f"Converting the embedded target once needs the '{GGUF_READER}' package: pip install {GGUF_READER} "
-                "(or pip install 'hf-dspark[embedded]').")
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(gguf_path, out_dir)
+        out_dir = _convert_gguf(locate_gguf(), out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype)
     model.eval()

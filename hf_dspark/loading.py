@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -43,6 +45,35 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported: choose one of {', '.join(DTYPES)}.")
     return DTYPES[dtype]
+
+
+TARGET_FIX = ("Pass a causal-LM directory (config.json + weights + tokenizer) or a Hub id, or omit it for the "
+              "embedded SmolLM2-135M-Instruct.")
+DRAFTER_FIX = "Pass a drafter directory (any supported format) or a Hub id."
+
+
+def raise_if_bad_paths(target: str | os.PathLike | None = None,
+                       drafters: Sequence[str | os.PathLike | None] = ()) -> None:
+    """Refuse a local target or drafter path that is not a model directory before anything is loaded: checked as
+    each model loads, a typo in a drafter's path was reported only after the target had loaded (minutes for a big
+    one, or the embedded target's first conversion). Hub ids are left to the loaders."""
+    if target is not None and (problem := _path_problem(target)):
+        raise ModelLoadError(f"cannot load the target {str(target)!r}: {problem} {TARGET_FIX}")
+    for drafter in drafters:
+        if drafter is not None and (problem := _path_problem(drafter)):
+            raise ModelLoadError(f"cannot use the drafter {str(drafter)!r}: {problem} {DRAFTER_FIX}")
+
+
+def _path_problem(location: str | os.PathLike) -> str | None:
+    """What is wrong with a local model path (None when it is a model directory or a Hub id)."""
+    from .modeling.checkpoint_files import is_local_path
+
+    path = Path(location).expanduser()
+    if not is_local_path(location) or (path / "config.json").is_file():
+        return None
+    if path.is_dir():
+        return "it has no config.json (not a model directory)."
+    return "it is a file, not a model directory." if path.exists() else "no such file or directory."
 
 
 def load_target(path: str | os.PathLike | None = None, dtype: str | torch.dtype = torch.float32, *,
@@ -87,9 +118,7 @@ def _load_pretrained(path, dtype: torch.dtype, quantize: str):
     try:
         return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     except (OSError, ValueError, KeyError) as err:  # not a folder, no config.json, unknown architecture, no weights
-        raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} Pass a causal-LM directory "
-                             "(config.json + weights + tokenizer) or a Hub id, or omit it for the embedded "
-                             "SmolLM2-135M-Instruct.") from err
+        raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} {TARGET_FIX}") from err
 
 
 def _load_tokenizer(path):

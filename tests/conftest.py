@@ -61,9 +61,23 @@ def _profiles_in_a_session_cache(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hf_dspark_cache")
     original = step_cost._cache_root
-    step_cost._cache_root = lambda cache_dir: original(root if cache_dir is None else cache_dir)
+
+    def in_session_cache(cache_dir):
+        return original(root if cache_dir is None else cache_dir)
+
+    in_session_cache.__wrapped__ = original  # for users_cache_folder
+    step_cost._cache_root = in_session_cache
     yield root
     step_cost._cache_root = original
+
+
+@pytest.fixture
+def users_cache_folder(monkeypatch):
+    """The step-cost cache where users get it (``$HF_DSPARK_CACHE``, else ``~/.cache/hf_dspark``) for one test of
+    that folder itself: set HF_DSPARK_CACHE with monkeypatch first."""
+    from hf_dspark.scheduling import step_cost
+
+    monkeypatch.setattr(step_cost, "_cache_root", step_cost._cache_root.__wrapped__)
 
 
 @pytest.fixture

@@ -42,6 +42,17 @@ def test_top_level_help_lists_every_command(capsys):
     assert run([]) == 0  # no command: help, not a traceback
 
 
+def test_top_level_help_opens_with_a_users_summary(capsys):
+    assert run(["--help"]) == 0
+    out = capsys.readouterr().out
+    summary = out.split("\n\n")[1]  # after the usage lines
+    assert summary.startswith("Speculative decoding for Hugging Face transformers with DSpark drafters")
+    assert "``" not in out and "no logic of its own" not in out and "dispatch" not in out  # not the module docstring
+    for example in ("hf-dspark generate", "hf-dspark train", "hf-dspark convert"):
+        assert example in out
+    assert out.rstrip().endswith("Run `hf-dspark COMMAND --help` for a command's options.")
+
+
 def test_unknown_option_of_an_own_command_is_an_error(capsys):
     assert run(["convert", "a", "b", "--bogus"]) == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
@@ -73,8 +84,9 @@ def test_convert_round_trip_through_the_cli(qwen3_drafter_dir, tmp_path, capsys)
 
 
 def test_convert_refusal_is_a_clean_error(tmp_path, capsys):
-    DSparkDraftModel.from_target(make_tiny_llama(), num_layers=1, block_size=4, markov_rank=16).save_pretrained(
-        tmp_path / "llama")
+    # a drafter whose layers follow its Llama target (no q/k norms): vLLM would build other layers
+    DSparkDraftModel.from_target(make_tiny_llama(), num_layers=1, block_size=4, markov_rank=16,
+                                 draft_layer_style="target").save_pretrained(tmp_path / "llama")
     assert run(["convert", str(tmp_path / "llama"), str(tmp_path / "out")]) == 2
     assert "cannot be exported to the speculators format" in capsys.readouterr().err
 
@@ -252,3 +264,61 @@ def test_convert_needs_a_destination(qwen3_drafter_dir, capsys):
     src, _ = qwen3_drafter_dir
     assert run(["convert", str(src)]) == 2
     assert "DST is required" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_target_loading(monkeypatch):
+    """load_target refuses to run: a path mistake must be reported before any model is loaded."""
+    from hf_dspark import loading
+
+    def load_target(*args, **kwargs):
+        raise AssertionError("the target was loaded before the paths were checked")
+
+    monkeypatch.setattr(loading, "load_target", load_target)
+
+
+PATH_COMMANDS = {
+    "generate": ["generate", "--prompt", "hi", "--drafter", "{path}"],
+    "eval": ["eval", "--drafter", "{path}", "--out", "{out}"],
+    "eval baseline": ["eval", "--drafter", "{drafter}", "--baseline-drafter", "{path}", "--out", "{out}"],
+    "calibrate": ["calibrate", "--drafter", "{path}", "--out", "{out}"],
+    "bench": ["bench", "--drafter", "{path}", "--out", "{out}"],
+    "bench compare": ["bench", "--compare-drafter", "{path}", "--out", "{out}"],
+    "serve-bench": ["serve-bench", "--drafter", "{path}", "--out", "{out}"],
+    "convert": ["convert", "{path}", "{out}"],
+    "convert --check": ["convert", "--check", "{path}"],
+}
+
+
+@pytest.mark.parametrize("command", list(PATH_COMMANDS))
+def test_a_missing_drafter_path_fails_before_any_model_loads(command, no_target_loading, qwen3_drafter_dir,
+                                                             tmp_path, capsys):
+    argv = [arg.format(path=str(tmp_path / "nonexistent"), out=str(tmp_path / "out"),
+                       drafter=str(qwen3_drafter_dir[0])) for arg in PATH_COMMANDS[command]]
+    assert run(argv) == 2
+    err = _one_line_error(capsys, argv[0])
+    assert f"cannot use the drafter '{tmp_path / 'nonexistent'}': no such file or directory." in err
+    assert "Pass a drafter directory (any supported format) or a Hub id." in err
+    assert capsys.readouterr().out == "" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["a file", "a folder without config.json", "not a Hub id"])
+def test_convert_check_of_a_path_that_is_not_a_model_is_a_one_line_error(kind, tmp_path, capsys):
+    if kind == "a file":
+        src, problem = tmp_path / "drafter.safetensors", "it is a file, not a model directory."
+        src.write_bytes(b"")
+    elif kind == "a folder without config.json":
+        src, problem = tmp_path / "empty", "it has no config.json (not a model directory)."
+        src.mkdir()
+    else:  # relative, three levels deep: a local path with a typo, not org/name
+        src, problem = "runs/no-such-run/drafter", "no such file or directory."
+    assert run(["convert", "--check", str(src)]) == 2
+    assert f"cannot use the drafter '{src}': {problem}" in _one_line_error(capsys, "convert")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_missing_target_path_fails_before_the_drafter_is_read(no_target_loading, qwen3_drafter_dir, tmp_path,
+                                                                capsys):
+    assert run(["convert", "--check", str(qwen3_drafter_dir[0]), "--target", str(tmp_path / "nonexistent")]) == 2
+    err = _one_line_error(capsys, "convert")
+    assert f"cannot load the target '{tmp_path / 'nonexistent'}': no such file or directory." in err

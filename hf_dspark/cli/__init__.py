@@ -1,18 +1,8 @@
 """``hf-dspark``: argument parsing and dispatch to the library; no logic of its own.
 
-    hf-dspark generate [--prompt TEXT]                  chat (streaming) with the embedded target, tok/s and τ
-    hf-dspark regenerate --out data/smollm2             the target answers prompts: the training data
-    hf-dspark cache --data data/smollm2/train.jsonl --out cache/smollm2     run the target once over it
-    hf-dspark train --data data/smollm2/train.jsonl --steps 2000            (cache, then) train a drafter
-    hf-dspark calibrate --drafter DIR --out DIR         STS-calibrate its confidence head on held-out prompts
-    hf-dspark eval --drafter DIR --out DIR              τ and speedup per benchmark
-    hf-dspark bench | serve-bench                       generate / continuous-batching speed, plain vs drafted
-    hf-dspark convert SRC DST --to speculators|native   export for vLLM, or import any published layout
-    hf-dspark convert --check SRC                         what SRC is and what loads / exports / is refused
-    hf-dspark push SRC org/name [--eval-results eval.json]          upload with a generated model card
-
-Every command runs from an installed package (nothing is read from a repository checkout); the benchmark prompts
-are found through $HF_DSPARK_EVAL_DIR or ../shared/eval_datasets. ``scripts/*.py`` call these same commands.
+``DESCRIPTION`` is what ``hf-dspark --help`` shows users; each command's module adds its sub-parser. Every command
+runs from an installed package (nothing is read from a repository checkout); the benchmark prompts are found through
+$HF_DSPARK_EVAL_DIR or ../shared/eval_datasets. ``scripts/*.py`` call these same commands.
 """
 
 from __future__ import annotations
@@ -26,6 +16,20 @@ from .measuring import add_bench, add_calibrate, add_eval, add_serve_bench
 from .sharing import add_convert, add_push
 from .training import add_cache, add_regenerate, add_train
 
+DESCRIPTION = """\
+Speculative decoding for Hugging Face transformers with DSpark drafters: a small drafter proposes blocks of tokens
+that the target checks in one pass, so the target generates faster and its greedy output stays exactly its own.
+Without --target, commands use the embedded SmolLM2-135M-Instruct and the drafter shipped for it.
+
+  hf-dspark generate [--prompt TEXT]                chat (streaming) with the target; prints tok/s and τ
+  hf-dspark bench                                   generate speed, plain vs drafted
+  hf-dspark regenerate --out data/smollm2           training data: the target answers prompts
+  hf-dspark train --data data/smollm2/train.jsonl   train a drafter for your target (then calibrate, eval)
+  hf-dspark eval --drafter DIR --out DIR            τ and speedup per benchmark
+  hf-dspark convert SRC DST --to speculators        export a drafter for vLLM (convert --check SRC: what SRC is)
+  hf-dspark push SRC org/name                       upload a drafter with a generated model card
+"""
+EPILOG = "Run `hf-dspark COMMAND --help` for a command's options."
 LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
@@ -34,7 +38,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="hf-dspark", description=__doc__, allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="hf-dspark", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hf-dspark {__version__}")
     parser.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],

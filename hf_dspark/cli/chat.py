@@ -37,8 +37,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from ..generation.chat import ChatSession
-    from ..loading import load_drafter, load_target
+    from ..loading import load_drafter, load_target, raise_if_bad_paths
 
+    raise_if_bad_paths(args.target, [None if args.no_draft else args.drafter])  # before minutes of loading
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, args.dtype)

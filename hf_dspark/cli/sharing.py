@@ -15,7 +15,8 @@ def add_convert(sub) -> None:
     p.add_argument("dst", nargs="?", default=None, help="output directory (not with --check)")
     p.add_argument("--check", action="store_true", help="only report what SRC is: dialect, architecture, heads, "
                                                         "vocabulary, taps, block convention, what loads / exports "
-                                                        "and what is refused and why (exit 1 when refused)")
+                                                        "and what is refused and why (exit 1 when refused; 2, with "
+                                                        "one line, when SRC is not a model directory)")
     p.add_argument("--to", default="speculators", choices=["speculators", "native"])
     p.add_argument("--target", default=None, help="target directory or Hub id: needed for reduced-vocabulary exports, "
                                                   "transformers' DFlash assistants and sources that do not record "
@@ -29,8 +30,9 @@ def add_convert(sub) -> None:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from ..hub import convert_checkpoint, describe_checkpoint
-    from ..loading import load_target
+    from ..loading import load_target, raise_if_bad_paths
 
+    raise_if_bad_paths(args.target, [args.src])  # a path mistake is exit 2 and one line, with --check too
     target = load_target(args.target)[0] if args.target else None
     if args.check:  # report only: what SRC is, what loads, exports and is refused
         report = describe_checkpoint(args.src, target=target)

@@ -8,9 +8,9 @@ processor, stopping-criteria and cache preparation still runs; any other call go
 untouched. ``disable(target)`` removes the wrapper.
 
 A drafter bound to another target (or not at all) is bound to this one on first use, which casts it to the
-target's dtype and device. A target without the wrapper never reaches us: transformers then asks the drafter
-for ``generation_config``, and the drafter answers with a ValueError that says to bind it (see
-``DSparkDraftModel.generation_config``).
+target's dtype and device. A target without the wrapper reaches only the guard in ``unbound_targets.py``, which
+refuses a drafter built for another target (naming both); a drafter that fits goes on to transformers, which asks
+it for ``generation_config``, and the drafter answers with a ValueError that says to bind it.
 
 DSpark-specific ``generate`` keywords (all optional):
 

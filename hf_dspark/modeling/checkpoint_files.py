@@ -35,12 +35,27 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
+def is_local_path(name_or_path) -> bool:
+    """Whether ``name_or_path`` names a local path rather than a Hub id: it exists, or it cannot be a Hub id
+    (absolute, starting with ``.`` or ``~``, two ``/`` or more, characters a repo id never has)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = Path(name_or_path).expanduser()
+    if path.exists() or path.is_absolute() or str(name_or_path).startswith((".", "~")):
+        return True
+    try:
+        validate_repo_id(str(name_or_path))
+    except HFValidationError:
+        return True
+    return False
+
+
 def resolve_checkpoint_dir(name_or_path, **kwargs) -> Path:
     """A local directory as is; otherwise a Hub id through the HF cache (cache only when offline)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    if path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists():
+    if is_local_path(name_or_path):
         raise FileNotFoundError(f"{name_or_path} is not a checkpoint directory.")
     from huggingface_hub import snapshot_download
 
@@ -169,5 +184,5 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"{file} is not valid JSON: {err}") from err
 
 
-__all__ = ["CheckpointError", "INDEX_FILE", "SINGLE_FILE", "TensorInfo", "load_rows", "load_tensors", "read_checkpoint_index",
-           "read_config", "resolve_checkpoint_dir"]
+__all__ = ["CheckpointError", "INDEX_FILE", "SINGLE_FILE", "TensorInfo", "is_local_path", "load_rows", "load_tensors",
+           "read_checkpoint_index", "read_config", "resolve_checkpoint_dir"]

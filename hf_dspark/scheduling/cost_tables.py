@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +95,11 @@ class SPSProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "SPSProfile":
-        return cls(tuple(data["batch_tokens"]), tuple(data["steps_per_second"]), dict(data.get("metadata", {})))
+        """The table :meth:`to_dict` wrote; a ValueError naming the field for anything else (a cache file that
+        parses as JSON can still hold a list, ``null`` or strings)."""
+        data = _table_object(data, cls.__name__)
+        return cls(tuple(number_list(data.get("batch_tokens"), "batch_tokens", integers=True)),
+                   tuple(number_list(data.get("steps_per_second"), "steps_per_second")), _metadata(data))
 
     def save(self, path: str | os.PathLike) -> None:
         _save_json_atomic(path, self.to_dict())
@@ -101,6 +107,39 @@ class SPSProfile:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SPSProfile":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def number_list(value, name: str, *, integers: bool = False) -> list:
+    """``value`` when it is a list of finite numbers (of integers with ``integers``; booleans are neither), else a
+    ValueError naming ``name`` and what it holds: what a cache file's field must pass before a table is built."""
+    def fits(x) -> bool:
+        if isinstance(x, bool):
+            return False
+        return isinstance(x, numbers.Integral) if integers else isinstance(x, numbers.Real) and math.isfinite(x)
+
+    if not isinstance(value, (list, tuple)) or not all(fits(x) for x in value):
+        kind = "integers" if integers else "finite numbers"
+        raise ValueError(f"{name} must be a list of {kind}, got {_preview(value)}")
+    return list(value)
+
+
+def _table_object(data, kind: str) -> Mapping:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a saved {kind} is a JSON object, got {_preview(data)}")
+    return data
+
+
+def _metadata(data: Mapping) -> dict:
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be a JSON object, got {_preview(metadata)}")
+    return dict(metadata)
+
+
+def _preview(value) -> str:
+    """A short repr for messages: a malformed cache file can be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _save_json_atomic(path: str | os.PathLike, data: dict) -> None:
@@ -269,8 +308,16 @@ class StepCostProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "StepCostProfile":
-        return cls(tuple(data["rows"]), tuple(data["widths"]), tuple(tuple(x) for x in data["verify_seconds"]),
-                   tuple(data["draft_seconds"]), dict(data.get("metadata", {})))
+        """The table :meth:`to_dict` wrote; a ValueError naming the field for anything else (see
+        :meth:`SPSProfile.from_dict`)."""
+        data = _table_object(data, cls.__name__)
+        verify = data.get("verify_seconds")
+        if not isinstance(verify, (list, tuple)):
+            raise ValueError(f"verify_seconds must be a list of lists of finite numbers, got {_preview(verify)}")
+        return cls(tuple(number_list(data.get("rows"), "rows", integers=True)),
+                   tuple(number_list(data.get("widths"), "widths", integers=True)),
+                   tuple(tuple(number_list(line, f"verify_seconds[{i}]")) for i, line in enumerate(verify)),
+                   tuple(number_list(data.get("draft_seconds"), "draft_seconds")), _metadata(data))
 
     def save(self, path: str | os.PathLike) -> None:
         _save_json_atomic(path, self.to_dict())

@@ -16,7 +16,8 @@ is coarse and time-limited by default (SmolLM2 on a loaded 2-core CPU: ~25 s, wa
 WARNING line when it is slow, and ``profile_step_cost(..., refine=True)`` measures the fine grid on demand. The
 verify table is the target's, cached without the drafter (every engine and ``generate`` call on a target prices a
 verify step alike); each drafter's pass costs are cached beside it, timed between target forwards as the loop
-runs them.
+runs them. The cache only saves time: a malformed file is measured again (a warning), and a folder that cannot be
+written costs one warning per process, the tables then kept in memory for the process.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .cost_tables import (  # noqa: F401 (the tables are imported from here too)
     isotonic_fit,
     make_monotone,
     make_nondecreasing,
+    number_list,
     verify_batch_shape,
 )
 
@@ -183,18 +185,18 @@ def profile_verify_sps(target, batch_token_sizes: Sequence[int] | None = None, *
     key = profile_cache_key(target, grid, context_len=context_len, row_len=row_len, dtype=dtype, device=device,
                             repeats=repeats)
     path = _cache_root(cache_dir) / f"{key}.json"
-    if use_cache and path.is_file():
-        try:
-            profile = SPSProfile.load(path)
+    try:
+        data = _read_cached(path) if use_cache else _NO_CACHE_FILE
+        if data is not _NO_CACHE_FILE:
+            profile = SPSProfile.from_dict(data)
             logger.info("SPS profile: cache hit %s (%d sizes, B=%d..%d)", path, len(grid), grid[0], grid[-1])
             return SPSProfile(profile.batch_tokens, profile.steps_per_second, {**profile.metadata, "source": "cache"})
-        except (ValueError, KeyError, json.JSONDecodeError) as err:
-            logger.warning("SPS profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
+    except (ValueError, OSError) as err:
+        logger.warning("SPS profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
     profile = _measure(target, grid, context_len=context_len, row_len=row_len, repeats=repeats, device=device,
                        seed=seed)
     profile.metadata.update(key=key, dtype=str(dtype), device=str(device), threads=torch.get_num_threads())
-    if use_cache:
-        profile.save(path)
+    if use_cache and _save_cached(path, profile.to_dict()):
         logger.info("SPS profile cached at %s", path)
     return profile
 
@@ -388,7 +390,7 @@ def profile_step_cost(target, draft=None, *, max_rows: int = 64, max_width: int 
                                             dtype=dtype, device=device, generator=generator, refine=refine,
                                             max_seconds=None if rows else max_seconds, path=path, progress=progress)
             if use_cache:
-                profile.save(path)
+                _save_cached(path, profile.to_dict())
         if draft is not None:
             profile = _with_drafter(profile, target, draft, path, context_len=context_len, repeats=repeats,
                                     device=device, generator=generator, use_cache=use_cache)
@@ -426,14 +428,7 @@ def _with_drafter(profile: StepCostProfile, target, draft, verify_path: Path, *,
     draft_config = draft.config.to_json_string(use_diff=False)
     key = hashlib.sha256((verify_path.stem + "|draft-between-forwards|" + draft_config).encode()).hexdigest()[:24]
     path = verify_path.with_name(f"draft-{key}.json")
-    drafting, source = None, "cache"
-    if use_cache and path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-            if tuple(cached["rows"]) == profile.rows:
-                drafting = [float(x) for x in cached["raw_draft_seconds"]]
-        except (ValueError, KeyError, TypeError) as err:
-            logger.warning("step-cost profile: ignoring unreadable drafter cost file %s (%s)", path, err)
+    drafting, source = _cached_draft_seconds(path, profile.rows) if use_cache else None, "cache"
     if drafting is None:
         source = "measured"
         drafting = _time_draft_passes(target, draft, list(profile.rows), context_len=context_len, repeats=repeats,
@@ -442,12 +437,32 @@ def _with_drafter(profile: StepCostProfile, target, draft, verify_path: Path, *,
         logger.info("step-cost profile: drafter pass at R=%s: %s ms", list(profile.rows),
                     ", ".join(f"{1e3 * t:.1f}" for t in drafting))
         if use_cache:
-            _save_json_atomic(path, {"rows": list(profile.rows), "raw_draft_seconds": drafting})
+            _save_cached(path, {"rows": list(profile.rows), "raw_draft_seconds": drafting})
     sources = {profile.metadata.get("source"), source}
     return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds,
                            tuple(make_nondecreasing(np.array(drafting)).tolist()),
                            {**profile.metadata, "raw_draft_seconds": drafting, "draft_key": key,
                             "source": "measured" if "measured" in sources else "cache"})
+
+
+def _cached_draft_seconds(path: Path, rows: tuple[int, ...]) -> list[float] | None:
+    """A drafter's pass costs cached at ``path`` for these row counts; None when there are none, they were measured
+    at other row counts, or the file is malformed (then with a warning: it is measured again and overwritten)."""
+    try:
+        cached = _read_cached(path)
+        if cached is _NO_CACHE_FILE:
+            return None
+        if not isinstance(cached, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(cached).__name__}")
+        if tuple(number_list(cached.get("rows"), "rows", integers=True)) != rows:
+            return None
+        seconds = number_list(cached.get("raw_draft_seconds"), "raw_draft_seconds")
+        if len(seconds) != len(rows) or not all(s > 0 for s in seconds):
+            raise ValueError(f"raw_draft_seconds must hold one time > 0 per row count {list(rows)}, got {seconds}")
+        return [float(s) for s in seconds]
+    except (ValueError, OSError) as err:
+        logger.warning("step-cost profile: ignoring unreadable drafter cost file %s (%s)", path, err)
+        return None
 
 
 @torch.inference_mode()
@@ -507,17 +522,19 @@ _SPOT_CHECKED: set[tuple[str, str]] = set()  # (cache file, its content hash) sp
 
 def _load_step_cost(path: Path, target, context_len: int, device: torch.device, generator: torch.Generator,
                     recheck: bool) -> StepCostProfile | None:
-    """The cached table at ``path``, or None (absent, unreadable, or measured on a busy machine)."""
-    if not path.is_file():
-        return None
+    """The cached table at ``path``, or None (absent, malformed, or measured on a busy machine)."""
     try:
-        profile = StepCostProfile.load(path)
-    except (ValueError, KeyError, json.JSONDecodeError) as err:
+        data = _read_cached(path)
+        if data is _NO_CACHE_FILE:
+            return None
+        profile = StepCostProfile.from_dict(data)
+        _raise_if_malformed_raw_verify(profile)
+    except (ValueError, OSError) as err:
         logger.warning("step-cost profile: ignoring unreadable cache file %s (%s); re-profiling", path, err)
         return None
     # one spot check per table and process: every engine (and generate's first call on a target) would otherwise
     # spend ~7 forwards re-confirming what this process already confirmed
-    checked = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+    checked = (str(path.resolve()), hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest())
     if recheck and checked not in _SPOT_CHECKED:
         if _measured_on_a_busy_machine(profile, target, context_len, device, generator):
             return None
@@ -525,6 +542,20 @@ def _load_step_cost(path: Path, target, context_len: int, device: torch.device, 
     logger.info("step-cost profile: cache hit %s", path)
     return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
                            {**profile.metadata, "source": "cache"})
+
+
+def _raise_if_malformed_raw_verify(profile: StepCostProfile) -> None:
+    """The raw timings a cached table keeps (read by the spot check) must be [rows][widths] times > 0."""
+    raw = profile.metadata.get("raw_verify_seconds")
+    if raw is None:
+        return
+    if not isinstance(raw, list) or len(raw) != len(profile.rows):
+        raise ValueError(f"metadata.raw_verify_seconds must have one line per row count {list(profile.rows)}")
+    for i, line in enumerate(raw):
+        if len(number_list(line, f"metadata.raw_verify_seconds[{i}]")) != len(profile.widths) or not all(
+                t > 0 for t in line):
+            raise ValueError(f"metadata.raw_verify_seconds[{i}] must hold one time > 0 per width "
+                             f"{list(profile.widths)}, got {line}")
 
 
 def _measure_step_cost(target, row_grid: list[int], widths: list[int], *, context_len: int, repeats: int,
@@ -618,6 +649,43 @@ def _measured_on_a_busy_machine(profile: StepCostProfile, target, context_len: i
                        "on a busy machine; measuring again", profile.rows[0], 1e3 * cached, 1e3 * now)
         return True
     return False
+
+
+# The cache folder is an optimisation: a folder that will not take a table (read-only, under a regular file, a full
+# disk) costs one warning, and the table is kept here for the rest of the process instead, so a second engine or
+# generate call does not measure again.
+_UNSAVED: dict[str, object] = {}  # cache file -> the JSON this process could not write there
+_UNWRITABLE_FOLDERS: set[str] = set()  # folders already warned about in this process
+_NO_CACHE_FILE = object()  # _read_cached: nothing cached (a file holding ``null`` reads as None)
+
+
+def _read_cached(path: Path):
+    """The parsed JSON of a cache file (this process's copy when the folder would not take it), _NO_CACHE_FILE when
+    there is none. Raises ValueError (not JSON) or OSError (not readable)."""
+    if str(path) in _UNSAVED:
+        return _UNSAVED[str(path)]
+    if not path.is_file():
+        return _NO_CACHE_FILE
+    return json.loads(path.read_text())
+
+
+def _save_cached(path: Path, data: dict) -> bool:
+    """Write a cache file; whether it was written. A folder that refuses it is warned about once per process and
+    folder, and the table is kept in memory instead: a call must never fail for want of a cache."""
+    try:
+        _save_json_atomic(path, data)
+    except OSError as err:
+        _UNSAVED[str(path)] = json.loads(json.dumps(data))  # what the file would hold, not the live metadata dict
+        folder = str(path.parent)
+        if folder not in _UNWRITABLE_FOLDERS:
+            _UNWRITABLE_FOLDERS.add(folder)
+            logger.warning("step-cost profile: cannot write the cache folder %s (%s); measured tables are kept in "
+                           "memory for this process only and measured again by the next one. Point HF_DSPARK_CACHE "
+                           "(or cache_dir= / DSparkEngine(sps_cache_dir=...)) at a writable folder to keep them.",
+                           folder, err)
+        return False
+    _UNSAVED.pop(str(path), None)
+    return True
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:

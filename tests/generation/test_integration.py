@@ -62,6 +62,21 @@ def test_unbound_drafter_on_a_target_without_the_hook_says_to_bind_it(saved_bf16
                        fresh.generate(PROMPT, max_new_tokens=10, do_sample=False))
 
 
+def test_a_drafter_for_another_vocabulary_says_so_on_a_target_never_bound(draft):
+    """transformers' own generate compares vocabularies first and blamed the tokenizers ("provide `tokenizer` and
+    `assistant_tokenizer`"): the message names both vocabularies and says which drafter to load."""
+    other = make_tiny_llama(seed=0, vocab_size=128)  # nothing was ever bound to it
+    assert "generate" not in other.__dict__  # transformers' own generate, not hf-dspark's wrapper
+    message = (r"^This drafter was built for a target with vocab_size=96, but the given target has vocab_size=128\. "
+               r"Load the drafter that matches this target \(this one was built for an unnamed llama target "
+               r"\(hidden_size=64, 4 layers, vocab_size=96\)\)\.$")
+    with pytest.raises(ValueError, match=message):
+        other.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=False)
+    with pytest.raises(ValueError, match=message):  # assistant_model by position: generate's 7th argument
+        other.generate(PROMPT, None, None, None, None, None, draft, max_new_tokens=4, do_sample=False)
+    assert draft.target is not other  # refused, not bound
+
+
 def test_bf16_drafter_is_bound_and_cast_on_first_use(target, draft, saved_bf16_drafter, expected, caplog):
     unbound = DSparkDraftModel.from_pretrained(saved_bf16_drafter)
     assert unbound.dtype == torch.bfloat16 and not unbound._bound_target
@@ -155,3 +170,26 @@ def test_drafter_cast_after_binding_is_cast_back(target, draft, expected):
         assert draft.dtype == torch.float32
     finally:
         draft.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The step-cost cache folder is an optimisation: an unwritable one costs a warning, never the call
+# ---------------------------------------------------------------------------------------------------------
+def test_an_unwritable_cache_folder_warns_once_and_returns_the_same_tokens(expected, tmp_path, monkeypatch, caplog,
+                                                                           users_cache_folder):
+    def generate_with_a_fresh_pair(cache: str) -> torch.Tensor:
+        monkeypatch.setenv("HF_DSPARK_CACHE", cache)
+        fresh = make_tiny_llama(seed=0)  # nothing measured for it in this process yet: generate profiles it
+        torch.manual_seed(1)
+        drafter = DSparkDraftModel.from_target(fresh, num_layers=1, block_size=5, markov_rank=16).eval()
+        return torch.cat([fresh.generate(PROMPT, assistant_model=drafter, max_new_tokens=10, do_sample=False)
+                          for _ in range(2)])
+
+    writable = generate_with_a_fresh_pair(str(tmp_path / "writable"))
+    assert list((tmp_path / "writable" / "sps").glob("step-*.json"))  # the folder the test means is the one used
+    (tmp_path / "a-file").write_text("")
+    with caplog.at_level("WARNING"):
+        unwritable = generate_with_a_fresh_pair(str(tmp_path / "a-file" / "sub"))
+    assert torch.equal(unwritable, writable) and torch.equal(unwritable, torch.cat([expected, expected]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("hf_dspark")]
+    assert len(warnings) == 1 and "cannot write the cache folder" in warnings[0]

@@ -289,3 +289,148 @@ def test_the_drafter_is_timed_between_target_forwards(tmp_path, one_thread):
     assert all(v == ("verify", r) and d == ("draft", r) for v, d, r in
                zip(passes[::2], passes[1::2], [1, 2] * (profiler.DRAFT_PASS_REPEATS + 1)))
     assert all(d > 0 for d in cost.draft_seconds)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cache folder is an optimisation: an unwritable folder or a malformed file never fails the call
+# ---------------------------------------------------------------------------------------------------------
+def _refuse_writes(monkeypatch) -> None:
+    """A read-only folder as a non-root user sees it (chmod does not stop root, who runs CI here)."""
+    def read_only(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(profiler, "_save_json_atomic", read_only)
+
+
+@pytest.mark.parametrize("unwritable", ["under a regular file", "read-only"])
+def test_an_unwritable_cache_folder_warns_once_and_keeps_the_tables_in_memory(tmp_path, monkeypatch, caplog,
+                                                                               one_thread, unwritable):
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    if unwritable == "read-only":
+        cache_dir = tmp_path / "read-only"
+        _refuse_writes(monkeypatch)
+    else:
+        (tmp_path / "a-file").write_text("")
+        cache_dir = tmp_path / "a-file" / "sub"
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": cache_dir,
+              "recheck": False}
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+        cost = profile_step_cost(target, draft, **kwargs)  # a verify table and a drafter file: one folder
+        sps = profile_verify_sps(target, [1, 2], context_len=8, row_len=2, repeats=1, cache_dir=cache_dir)
+
+        def no_timing(*args, **kwargs):
+            raise AssertionError("measured again despite the table kept in memory")
+
+        monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
+        monkeypatch.setattr(profiler, "_draft_pass", no_timing)
+        monkeypatch.setattr(profiler, "time_verify_forward", no_timing)
+        again = profile_step_cost(target, draft, **kwargs)
+        sps_again = profile_verify_sps(target, [1, 2], context_len=8, row_len=2, repeats=1, cache_dir=cache_dir)
+    assert cost.metadata["source"] == "measured" and all(d > 0 for d in cost.draft_seconds)
+    assert again == cost and again.draft_seconds == cost.draft_seconds and again.metadata["source"] == "cache"
+    assert sps_again == sps and sps_again.metadata["source"] == "cache"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"cannot write the cache folder {cache_dir / 'sps'}" in warnings[0]
+    assert "HF_DSPARK_CACHE" in warnings[0]
+    assert not (tmp_path / "read-only").exists()
+
+
+def _valid_step_table(tmp_path, target, **kwargs) -> tuple[dict, object]:
+    profile_step_cost(target, None, cache_dir=tmp_path, **kwargs)
+    (path,) = (tmp_path / "sps").glob("step-*.json")
+    return json.loads(path.read_text()), path
+
+
+MALFORMED_STEP_TABLES = {
+    "empty": lambda table: "",
+    "truncated": lambda table: json.dumps(table)[:40],
+    "garbage": lambda table: "{not json",
+    "a list": lambda table: "[1, 2, 3]",
+    "null": lambda table: "null",
+    "a string": lambda table: '"step-cost"',
+    "no fields": lambda table: "{}",
+    "rows as a string": lambda table: json.dumps({**table, "rows": "12"}),
+    "boolean widths": lambda table: json.dumps({**table, "widths": [True, 2]}),
+    "NaN verify": lambda table: json.dumps({**table, "verify_seconds": [[float("nan"), 1.0], [1.0, 1.0]]}),
+    "negative verify": lambda table: json.dumps({**table, "verify_seconds": [[-1.0, 1.0], [1.0, 1.0]]}),
+    "verify of numbers": lambda table: json.dumps({**table, "verify_seconds": [1.0, 2.0]}),
+    "verify of strings": lambda table: json.dumps({**table, "verify_seconds": [["1", "2"], ["3", "4"]]}),
+    "null draft seconds": lambda table: json.dumps({**table, "draft_seconds": None}),
+    "metadata a list": lambda table: json.dumps({**table, "metadata": [1]}),
+    "NaN raw verify": lambda table: json.dumps({**table, "metadata": {**table["metadata"],
+                                                                      "raw_verify_seconds": [[float("nan")] * 2] * 2}}),
+    "raw verify a string": lambda table: json.dumps({**table, "metadata": {**table["metadata"],
+                                                                           "raw_verify_seconds": "fast"}}),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_STEP_TABLES))
+def test_a_malformed_step_cost_file_is_measured_again(tmp_path, caplog, one_thread, case):
+    target = make_tiny_llama(num_layers=2)
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "recheck": False}
+    table, path = _valid_step_table(tmp_path, target, **kwargs)
+    path.write_text(MALFORMED_STEP_TABLES[case](table))
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+        again = profile_step_cost(target, None, cache_dir=tmp_path, **kwargs)
+    assert "ignoring unreadable cache file" in caplog.text
+    assert again.metadata["source"] == "measured" and again.rows == (1, 2) and again.widths == (1, 2)
+    assert StepCostProfile.from_dict(json.loads(path.read_text())) == again  # the file is replaced
+
+
+MALFORMED_DRAFTER_FILES = {
+    "NaN seconds": '{"rows": [1, 2], "raw_draft_seconds": [NaN, 0.001]}',
+    "infinite seconds": '{"rows": [1, 2], "raw_draft_seconds": [Infinity, 0.001]}',
+    "zero seconds": '{"rows": [1, 2], "raw_draft_seconds": [0.0, 0.001]}',
+    "one time for two row counts": '{"rows": [1, 2], "raw_draft_seconds": [0.001]}',
+    "string seconds": '{"rows": [1, 2], "raw_draft_seconds": ["fast", "slow"]}',
+    "null seconds": '{"rows": [1, 2], "raw_draft_seconds": null}',
+    "rows null": '{"rows": null, "raw_draft_seconds": [0.001, 0.002]}',
+    "a list": "[1, 2, 3]",
+    "null": "null",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_DRAFTER_FILES))
+def test_a_malformed_drafter_cost_file_is_measured_again(tmp_path, caplog, one_thread, case):
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
+    first = profile_step_cost(target, draft, **kwargs)
+    (path,) = (tmp_path / "sps").glob("draft-*.json")
+    path.write_text(MALFORMED_DRAFTER_FILES[case])
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+        again = profile_step_cost(target, draft, **kwargs)
+    assert "unreadable drafter cost file" in caplog.text
+    assert again.metadata["source"] == "measured" and again.verify_seconds == first.verify_seconds
+    assert all(d > 0 for d in again.draft_seconds)
+    assert json.loads(path.read_text())["raw_draft_seconds"] == list(again.metadata["raw_draft_seconds"])
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", "null", '{"batch_tokens": [1, 2], "steps_per_second": [NaN, 1]}',
+                                     '{"batch_tokens": "12", "steps_per_second": [2, 1]}'])
+def test_a_malformed_sps_file_is_measured_again(tmp_path, caplog, one_thread, content):
+    target = make_tiny_llama(num_layers=2)
+    kwargs = {"context_len": 8, "row_len": 2, "repeats": 1, "cache_dir": tmp_path}
+    profile_verify_sps(target, [1, 2], **kwargs)
+    (path,) = (tmp_path / "sps").glob("*.json")
+    path.write_text(content)
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+        again = profile_verify_sps(target, [1, 2], **kwargs)
+    assert "ignoring unreadable cache file" in caplog.text and again.metadata["source"] == "measured"
+    assert SPSProfile.from_dict(json.loads(path.read_text())) == again
+
+
+def test_from_dict_names_the_malformed_field():
+    with pytest.raises(ValueError, match=r"a saved StepCostProfile is a JSON object, got \[1, 2, 3\]"):
+        StepCostProfile.from_dict([1, 2, 3])
+    with pytest.raises(ValueError, match=r"a saved SPSProfile is a JSON object, got None"):
+        SPSProfile.from_dict(None)
+    with pytest.raises(ValueError, match=r"rows must be a list of integers, got '12'"):
+        StepCostProfile.from_dict({"rows": "12", "widths": [1], "verify_seconds": [[1.0]], "draft_seconds": [0.0]})
+    with pytest.raises(ValueError, match=r"verify_seconds\[0\] must be a list of finite numbers, got \[nan\]"):
+        StepCostProfile.from_dict({"rows": [1], "widths": [1], "verify_seconds": [[float("nan")]],
+                                   "draft_seconds": [0.0]})
+    with pytest.raises(ValueError, match=r"steps_per_second must be a list of finite numbers, got None"):
+        SPSProfile.from_dict({"batch_tokens": [1]})

@@ -335,6 +335,20 @@ def test_a_failed_step_loses_no_request_and_the_loop_survives(target, draft, pro
     assert engine.metrics()["finished_requests"] == {"length": 6}
 
 
+def test_an_unwritable_step_cost_cache_folder_fails_no_request(target, draft, prompts, continuations, tmp_path,
+                                                               caplog):
+    """The engine measures its step cost with a cache folder it cannot write (here under a regular file): one
+    warning, and every request still equals plain greedy (each failed "inside the engine" before)."""
+    (tmp_path / "a-file").write_text("")
+    engine = DSparkEngine(target, draft, "scheduled", sps_cache_dir=str(tmp_path / "a-file" / "sub"),
+                          max_running_requests=2)
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"), engine:
+        handles = [engine.submit(p, 8) for p in prompts[:3]]
+        assert [h.result(timeout=120).token_ids for h in handles] == [continuations[tuple(p)][:8]
+                                                                       for p in prompts[:3]]
+    assert caplog.text.count("cannot write the cache folder") == 1
+
+
 def test_scheduled_budget_adapts_to_load(target, draft, continuations, monkeypatch):
     """Same confidences, two machines: where verifying is free the scheduler verifies long prefixes; where every
     verify token costs, it verifies only the confident ones. And on one machine, more load -> shorter budget."""
