@@ -1,22 +1,16 @@
-"""Agent-loop benchmark: a scripted multi-turn tool-calling agent on the embedded SmolLM2-135M-Instruct target.
+"""Agent loops side by side with default arguments: plain, plain with hf-dspark's CPU kernels, transformers' prompt
+lookup, hf-dspark lookup only, drafter only, and hf-dspark as a drop-in user gets it (issue #41).
 
-The motivating workload: an agent answers each user turn with ~4 short generations, so per-turn latency is what a
-user feels. Each scripted turn runs, on the growing conversation:
+Workloads (``hf_dspark.evaluation.agent_bench``): held-out tool-calling scenarios (a JSON call turn and a short
+answer turn per tool, 15-60 tokens) and the project's longer scripted agent turns. Every arm runs every generation
+on the same conversation in rotating order; outputs are checked token-identical to plain. ``--repeats`` starts every
+arm from nothing each time; the table gives the median and each repeat. Pause background jobs while it runs.
 
-    1. plan       the agent says what it will do
-    2. tool call  one JSON object {"tool": ..., "arguments": {...}}
-    3. read       a canned tool result is added as a `tool` message; the agent states what it learned
-    4. answer     the reply to the user
+    python scripts/bench_agent_loop.py --repeats 3 --long-turns 2 --out runs/bench_agent_loop
+    python scripts/bench_agent_loop.py --first-call --repeats 3     # a fresh process's first call, per arm
 
-Both arms (plain greedy ``generate`` and ``generate(..., assistant_model=draft)``) run every generation on the same
-history, back to back, alternating which goes first; their outputs are asserted token-identical, so the two
-histories never diverge (``--allow-mismatch`` records a differing output instead, e.g. on 8-bit targets, and both
-arms continue on the plain reply). Reported: end-to-end turn latency (the four calls, templating included) per arm, per-step
-latency, τ and speedup, as a table and as JSON (``--out``/agent_loop.json, also printed).
-
-    python scripts/bench_agent_loop.py --drafter runs/smollm2-dspark/drafter --turns 8 --out runs/bench_agent_loop
-    python scripts/bench_agent_loop.py --turns 1                      # smoke run (untrained drafter if none ships)
-    python scripts/bench_agent_loop.py --drafter ... --quantize 8bit  # bitsandbytes target (CPU works)
+``--first-call`` starts one fresh process per arm and repeat (interleaved) and times its first generate call of a
+tool-call turn: what a script that calls generate once pays, profiling and caches included.
 """
 
 from __future__ import annotations
@@ -25,157 +19,90 @@ import argparse
 import json
 import logging
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from hf_dspark.evaluation.agent_script import (INSTRUCTIONS, STEPS, SYSTEM_PROMPT, TURNS,  # noqa: F401 (re-exported)
-                                               ScriptedTurn, step_message)
-from hf_dspark.generation.chat import ChatSession
+from hf_dspark.evaluation.agent_bench import DEFAULT_ARMS, TOOL_SCENARIOS, Arm, generate_ids, prepare_arms, \
+    run_workloads, summarize, table
 from hf_dspark.loading import load_drafter, load_target
 
 logger = logging.getLogger("bench_agent_loop")
 
 
-def step_messages(session: ChatSession, step: str, turn: ScriptedTurn) -> None:
-    """The message an agent loop adds before generating ``step`` (the script lives in the package:
-    ``hf_dspark.evaluation.agent_script``)."""
-    session.add_message(**step_message(step, turn))
-
-
-def timed_reply(session: ChatSession, max_new_tokens: int):
-    session.max_new_tokens = max_new_tokens
-    start = time.perf_counter()
-    reply = session.reply()
-    return reply, time.perf_counter() - start
-
-
-def run_step(plain: ChatSession, spec: ChatSession, step: str, turn: ScriptedTurn, spec_first: bool,
-             allow_mismatch: bool = False) -> dict:
-    """One generation in both arms on identical histories; asserts identical greedy output (with
-    ``allow_mismatch``: records where the outputs part and continues both arms on the plain reply, so the
-    histories stay identical and the timings comparable)."""
-    for session in (plain, spec):
-        step_messages(session, step, turn)
-    max_new = STEPS[step]
-    order = [("dspark", spec), ("plain", plain)] if spec_first else [("plain", plain), ("dspark", spec)]
-    results = {name: timed_reply(session, max_new) for name, session in order}
-    (plain_reply, plain_s), (spec_reply, spec_s) = results["plain"], results["dspark"]
-    identical = spec_reply.token_ids == plain_reply.token_ids
-    first_difference = None
-    if not identical:
-        if not allow_mismatch:
-            raise AssertionError(f"step {step!r}: speculative greedy output differs from plain greedy:\n"
-                                 f"plain:  {plain_reply.text!r}\ndspark: {spec_reply.text!r}")
-        pairs = zip(plain_reply.token_ids, spec_reply.token_ids)
-        first_difference = next((i for i, (a, b) in enumerate(pairs) if a != b),
-                                min(len(plain_reply.token_ids), len(spec_reply.token_ids)))
-        logger.warning("step %r: outputs part at token %d (plain %r, dspark %r); continuing on the plain reply",
-                       step, first_difference, plain_reply.text, spec_reply.text)
-        spec.messages[-1] = dict(plain.messages[-1])
-    stats = spec_reply.stats
-    return {"step": step, "identical": identical, "first_difference": first_difference,
-            "tokens": plain_reply.num_tokens, "plain_s": plain_s, "dspark_s": spec_s,
-            "rounds": stats.rounds, "committed": stats.committed_tokens, "text": plain_reply.text,
-            "json_valid": _is_json(plain_reply.text) if step == "tool_call" else None}
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text.strip().strip("`").removeprefix("json").strip())
-        return True
-    except json.JSONDecodeError:
-        return False
-
-
-def summarize(rows: list[dict]) -> dict:
-    plain_s, spec_s = sum(r["plain_s"] for r in rows), sum(r["dspark_s"] for r in rows)
-    rounds, committed = sum(r["rounds"] for r in rows), sum(r["committed"] for r in rows)
-    return {"plain_s": plain_s, "dspark_s": spec_s, "speedup": plain_s / spec_s if spec_s else float("nan"),
-            "tau": committed / rounds if rounds else float("nan"), "tokens": sum(r["tokens"] for r in rows),
-            "generations": len(rows)}
-
-
-def print_tables(turns: list[dict], steps: dict[str, dict], total: dict) -> None:
-    print(f"\n{'turn':>4} | {'plain s':>8} | {'dspark s':>8} | {'speedup':>7} | {'tau':>5} | {'tokens':>6}")
-    print("-" * 52)
-    for t in turns:
-        s = t["summary"]
-        print(f"{t['turn']:>4} | {s['plain_s']:8.2f} | {s['dspark_s']:8.2f} | {s['speedup']:6.2f}x | "
-              f"{s['tau']:5.2f} | {s['tokens']:>6}")
-    print("-" * 52)
-    print(f"{'all':>4} | {total['plain_s']:8.2f} | {total['dspark_s']:8.2f} | {total['speedup']:6.2f}x | "
-          f"{total['tau']:5.2f} | {total['tokens']:>6}")
-    print(f"\n{'step':>9} | {'plain s/call':>12} | {'dspark s/call':>13} | {'speedup':>7} | {'tau':>5}")
-    for name, s in steps.items():
-        calls = s["generations"]
-        print(f"{name:>9} | {s['plain_s'] / calls:12.3f} | {s['dspark_s'] / calls:13.3f} | {s['speedup']:6.2f}x | "
-              f"{s['tau']:5.2f}")
-    turn_plain = [t["summary"]["plain_s"] for t in turns]
-    turn_spec = [t["summary"]["dspark_s"] for t in turns]
-    print(f"\nmedian turn latency: plain {statistics.median(turn_plain):.2f} s, "
-          f"dspark {statistics.median(turn_spec):.2f} s")
-
-
-def warm_up(target, tokenizer, drafter) -> None:
-    ids = tokenizer("Hello", return_tensors="pt")["input_ids"]
-    for extra in ({}, {"assistant_model": drafter}):
-        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                        pad_token_id=tokenizer.eos_token_id, **extra)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--drafter", default=None, help="drafter dir / Hub id (default: the shipped one, else UNTRAINED)")
-    p.add_argument("--target", default=None, help="target dir / Hub id (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--turns", type=int, default=len(TURNS), help=f"user turns, 1..{len(TURNS)} (default: all)")
-    p.add_argument("--quantize", default="none", choices=["none", "8bit", "4bit"], help="bitsandbytes target")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", default="runs/bench_agent_loop", help="directory for agent_loop.json")
-    p.add_argument("--allow-mismatch", action="store_true",
-                   help="record (instead of stopping at) greedy outputs that differ, e.g. on 8-bit targets whose "
-                        "kernels round a 1-token and a multi-token forward differently")
-    args = p.parse_args(argv)
-    if not 1 <= args.turns <= len(TURNS):
-        p.error(f"--turns must be in 1..{len(TURNS)}")
-    return args
+    p.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--long-turns", type=int, default=2, help="user turns of the longer script (4 calls each; 0: none)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="runs/bench_agent_loop")
+    p.add_argument("--first-call", action="store_true", help="time a fresh process's first call per arm instead")
+    p.add_argument("--one-first-call", default=None, help=argparse.SUPPRESS)  # the child process of --first-call
+    return p.parse_args(argv)
+
+
+def first_call(arm_name: str, drafter_path: str | None) -> dict:
+    """In this (fresh) process: load, then time the first call of the first tool-call turn."""
+    target, tokenizer = load_target()
+    drafter = load_drafter(drafter_path, target).model
+    (arm,) = prepare_arms(target, drafter, [a for a in DEFAULT_ARMS if a.name == arm_name])
+    scenario = TOOL_SCENARIOS[0]
+    messages = [{"role": "system", "content": scenario.system},
+                {"role": "user", "content": scenario.uses[0].request + " Call the right tool now. Reply with only "
+                                                                       "the JSON object."}]
+    ids, seconds = generate_ids(arm, tokenizer, messages, 40)
+    return {"arm": arm_name, "seconds": seconds, "tokens": len(ids)}
+
+
+def first_calls(args) -> dict:
+    names = [a.name for a in DEFAULT_ARMS]
+    results = {name: [] for name in names}
+    for repeat in range(args.repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            command = [sys.executable, __file__, "--one-first-call", name, "--threads", str(args.threads)]
+            command += ["--drafter", args.drafter] if args.drafter else []
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            results[name].append(json.loads(out.strip().splitlines()[-1])["seconds"])
+    return {name: {"seconds": s, "median_s": statistics.median(s)} for name, s in results.items()}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, args.dtype, quantize=args.quantize)
-    loaded = load_drafter(args.drafter, target)
-    drafter = loaded.model
-    warm_up(target, tokenizer, drafter)
-    plain = ChatSession(target, tokenizer, None, system_prompt=SYSTEM_PROMPT)
-    spec = ChatSession(target, tokenizer, drafter, system_prompt=SYSTEM_PROMPT)
-    turns, all_rows = [], []
-    for index, turn in enumerate(TURNS[:args.turns]):
-        rows = [run_step(plain, spec, step, turn, spec_first=(index + k) % 2 == 1, allow_mismatch=args.allow_mismatch)
-                for k, step in enumerate(STEPS)]
-        turns.append({"turn": index + 1, "user": turn.user, "steps": rows, "summary": summarize(rows)})
-        all_rows += rows
-        logger.warning("turn %d: plain %.2f s, dspark %.2f s", index + 1, turns[-1]["summary"]["plain_s"],
-                       turns[-1]["summary"]["dspark_s"])
-    steps = {name: summarize([r for r in all_rows if r["step"] == name]) for name in STEPS}
-    total = summarize(all_rows)
-    print_tables(turns, steps, total)
-    report = {"config": {"drafter": loaded.source,
-                         "target": args.target or "embedded SmolLM2",
-                         "quantize": args.quantize, "dtype": args.dtype, "turns": args.turns,
-                         "threads": torch.get_num_threads(),
-                         "greedy_identical": all(r["identical"] for r in all_rows),
-                         "identical_generations": sum(r["identical"] for r in all_rows)},
-              "total": total, "steps": steps, "turns": turns}
+    torch.set_num_threads(args.threads)
+    if args.one_first_call:
+        print(json.dumps(first_call(args.one_first_call, args.drafter)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.first_call:
+        report = first_calls(args)
+        plain = report["plain"]["median_s"]
+        print("| arm | first call s (median) | repeats | × plain |\n|---|---|---|---|")
+        for name, r in report.items():
+            print(f"| {name} | {r['median_s']:.2f} | {' / '.join(f'{s:.2f}' for s in r['seconds'])} | "
+                  f"{plain / r['median_s']:.2f} |")
+        (out / "first_call.json").write_text(json.dumps(report, indent=2))
+        return 0
+    target, tokenizer = load_target()
+    loaded = load_drafter(args.drafter, target)
+    warm = prepare_arms(target, loaded.model, [Arm("warm-up", {"assistant_model": True})])[0]
+    generate_ids(warm, tokenizer, [{"role": "user", "content": "Hello"}], 8)  # loads kernels, the step-cost table
+    repeats = []
+    for repeat in range(args.repeats):
+        start = time.perf_counter()
+        repeats.append(run_workloads(target, tokenizer, loaded.model, long_turns=args.long_turns, repeat=repeat))
+        logger.warning("repeat %d done in %.0f s", repeat + 1, time.perf_counter() - start)
+    summary = summarize(repeats, [a.name for a in DEFAULT_ARMS])
+    print(table(summary))
+    report = {"config": {"drafter": loaded.source, "threads": args.threads, "repeats": args.repeats,
+                         "long_turns": args.long_turns, "torch": torch.__version__},
+              "summary": summary, "repeats": repeats}
     (out / "agent_loop.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps({"total": total, "steps": steps}, indent=2))
     return 0
 
 

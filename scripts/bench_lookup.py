@@ -28,19 +28,15 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_agent_loop's conversation
-
-import bench_agent_loop as agent  # noqa: E402
-
-from hf_dspark.generation.chat import ChatSession  # noqa: E402
-from hf_dspark.generation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex,  # noqa: E402
+import hf_dspark.evaluation.agent_script as agent  # the agent loop's conversation
+from hf_dspark.generation.chat import ChatSession
+from hf_dspark.generation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex,
                                          LookupProposal, LookupProposer)
-from hf_dspark.generation.lookup_calibration import LookupCalibrator  # noqa: E402
+from hf_dspark.generation.lookup_calibration import LookupCalibrator
 
 logger = logging.getLogger("bench_lookup")
 
@@ -106,7 +102,7 @@ def conversation(tokenizer, turns, replies: dict | None) -> list[tuple[str, list
     out = []
     for index, turn in turns:
         for step in agent.STEPS:
-            agent.step_messages(session, step, turn)
+            session.add_message(**agent.step_message(step, turn))
             prompt = session.prompt_ids()[0].tolist()
             text = replies.get((index, step)) if replies else None
             text = scripted_reply(step, turn) if text is None else text
