@@ -211,6 +211,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                 batch.compact_if_needed(1 + round_.max_drafts, slot_budget=math.inf, max_hole_fraction=0.5)
         with shared:
             call.end_lookup()
+        if dspark_step_cost is None and round_.resolved_cost is not None:
+            memory_for(model).review_cost(round_.resolved_cost, round_.fastest_step_ratio)
     return call.finish(model)
 
 

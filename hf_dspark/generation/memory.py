@@ -63,6 +63,7 @@ class SpeculationMemory:
 
     history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
     costs: dict = field(default_factory=dict)  # (drafter token, rows, width, kernel) -> StepCostProfile
+    reviewed: set = field(default_factory=set)  # ids of cached tables a call's steps confirmed
     prefixes: PrefixCacheStore = field(default_factory=PrefixCacheStore)  # (salt, drafter token) -> caches
     scopes: OrderedDict = field(default_factory=OrderedDict)  # salt -> ScopeState, least recently used first
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -95,10 +96,26 @@ class SpeculationMemory:
         with self.lock:
             cost = self.costs.get(key)
         if cost is None:
-            cost = profile_step_cost(target, drafter, max_rows=rows, max_width=width, cache_dir=cache_dir)
+            # no spot check of a cached table here: the call's own steps check it (``review_cost``)
+            cost = profile_step_cost(target, drafter, max_rows=rows, max_width=width, cache_dir=cache_dir,
+                                     recheck=False)
             with self.lock:
                 self.costs[key] = cost
         return cost
+
+    def review_cost(self, cost, observed_ratio: float | None) -> None:
+        """After a call: a cached table its steps ran much faster than is dropped (and measured on next use); one
+        that held up is not reviewed again in this process."""
+        from ..scheduling.step_cost import discard_stale_profile
+
+        if observed_ratio is None or id(cost) in self.reviewed:
+            return
+        if discard_stale_profile(cost, observed_ratio):
+            with self.lock:
+                for key in [k for k, v in self.costs.items() if v is cost]:
+                    del self.costs[key]
+        else:
+            self.reviewed.add(id(cost))
 
 
 _MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

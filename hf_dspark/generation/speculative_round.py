@@ -89,6 +89,12 @@ class SpeculativeRound:
         if self.lookup is not None and calibrator is None:
             raise ValueError("SpeculativeRound: a lookup proposer needs its LookupCalibrator (survival estimates)")
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        self.fastest_step_ratio: float | None = None  # min over timed rounds of wall time / the cost's prediction
+
+    @property
+    def resolved_cost(self):
+        """The cost model if a round has used it (None: never resolved, e.g. a cost-blind policy)."""
+        return self._cost if isinstance(self._cost, (SPSProfile, StepCostProfile)) else None
 
     @property
     def cost(self):
@@ -178,6 +184,9 @@ class SpeculativeRound:
             predicted = (cost.draft(rows) if block is not None else 0.0) + cost.verify(rows, width)
             self.policy.observe_step(block is not None, predicted, end - start - upkeep, sampled=any_sampled,
                                      wide=width > 1, rows=rows)
+            ratio = (end - start - upkeep) / predicted if predicted > 0 else None
+            if ratio is not None and (self.fastest_step_ratio is None or ratio < self.fastest_step_ratio):
+                self.fastest_step_ratio = ratio
         return RoundResult(width, lengths, num_accepted, tokens, block, confidence, raw, target_logits,
                            draft_seconds=mid - start, verify_seconds=end - mid, sources=sources)
 

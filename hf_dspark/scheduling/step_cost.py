@@ -541,7 +541,29 @@ def _load_step_cost(path: Path, target, context_len: int, device: torch.device, 
         _SPOT_CHECKED.add(checked)
     logger.info("step-cost profile: cache hit %s", path)
     return StepCostProfile(profile.rows, profile.widths, profile.verify_seconds, profile.draft_seconds,
-                           {**profile.metadata, "source": "cache"})
+                           {**profile.metadata, "source": "cache", "cache_file": str(path)})
+
+
+def discard_stale_profile(profile: StepCostProfile, observed_ratio: float) -> bool:
+    """Whether ``profile`` (read from the cache without a spot check) is stale: the fastest step a caller timed with
+    it took ``observed_ratio`` × its prediction, and below 1 / :data:`STALE_PROFILE_FACTOR` the table was measured
+    on a busy machine. A stale table's file is deleted, so the next measurement replaces it.
+
+    Why: the spot check costs a prefill of the profiling context and a few forwards (~0.8 s for SmolLM2 on a 2-core
+    CPU), which a process's first short ``generate`` call would pay before its first token; the call's own steps
+    tell the same thing for free, one call later."""
+    if profile.metadata.get("source") != "cache" or observed_ratio * STALE_PROFILE_FACTOR >= 1:
+        return False
+    logger.warning("step-cost profile: steps ran %.2f× the cached table's prediction: it was measured on a busy "
+                   "machine; measuring again on next use", observed_ratio)
+    path = profile.metadata.get("cache_file")
+    if path:
+        _UNSAVED.pop(path, None)
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError as err:
+            logger.warning("step-cost profile: cannot delete the stale table %s (%s)", path, err)
+    return True
 
 
 def _raise_if_malformed_raw_verify(profile: StepCostProfile) -> None:
@@ -696,7 +718,7 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(cache_dir) / _CACHE_SUBDIR
 
 
-__all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "default_row_grid", "make_monotone",
+__all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "discard_stale_profile", "default_row_grid", "make_monotone",
            "isotonic_fit", "make_nondecreasing", "profile_cache_key", "profile_step_cost", "profile_verify_sps",
            "coarse_row_grid", "coarse_width_grid", "prefill_context", "time_draft_pass", "time_padded_verify",
            "time_padded_verify_widths",
