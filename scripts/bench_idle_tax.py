@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hf_dspark.evaluation.serving_bench import ClosedLoop, run_interleaved, serving_prompts
-from hf_dspark.generation.memory import LONG_MATCH_TOKENS
+from hf_dspark.speculation.shared_state import LONG_MATCH_TOKENS
 from hf_dspark.loading import load_drafter, load_target
 from hf_dspark.scheduling import ScheduledPolicy
 from hf_dspark.serving import DSparkEngine

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the lookup proposer (``hf_dspark.generation.lookup``): host cost per round and what it
+"""Micro-benchmark of the lookup proposer (``hf_dspark.speculation.lookup``): host cost per round and what it
 would propose on the agent loop of ``scripts/bench_agent_loop.py``. No model runs: tokenizer only.
 
 1. **Cost.** µs per round (one ``propose`` + one ``commit`` of the accepted drafts and the bonus token) for a row
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import hf_dspark.evaluation.agent_script as agent  # the agent loop's conversation
 from hf_dspark.generation.chat import ChatSession
-from hf_dspark.generation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex,
+from hf_dspark.speculation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex,
                                          LookupProposal, LookupProposer)
-from hf_dspark.generation.lookup_calibration import LookupCalibrator
+from hf_dspark.speculation.lookup_calibration import LookupCalibrator
 
 logger = logging.getLogger("bench_lookup")
 

@@ -297,7 +297,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     from ..evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, run_serving_bench,
                                             serving_prompts, step_kind_table, summary_table)
     from ..loading import load_drafter, load_target, raise_if_bad_paths
-    from ..generation.memory import LONG_MATCH_TOKENS
+    from ..speculation.shared_state import LONG_MATCH_TOKENS
     from ..serving import DSparkEngine, profile_step_cost
 
     raise_if_bad_paths(args.target, [args.drafter])

@@ -36,7 +36,7 @@ import torch
 
 from ..cpu_kernels import loop_kernels
 from ..generation.integration import disable
-from ..generation.memory import forget
+from ..speculation.shared_state import forget
 from .agent_script import STEPS, SYSTEM_PROMPT, TURNS, render_ids, step_message
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..generation.memory import LONG_MATCH_TOKENS
+from ..speculation.shared_state import LONG_MATCH_TOKENS
 from ..serving import DSparkEngine
 from ..training.prompts import read_prompts
 from .agent_script import STEPS, TURNS, ScriptedAgent, render_ids

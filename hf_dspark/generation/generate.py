@@ -3,7 +3,7 @@
 ``generate`` reaches :func:`dspark_decode` through ``custom_generate`` (see ``integration.py``), so transformers
 still prepares the generation config, logits processors, stopping criteria, attention mask and cache exactly as
 for plain decoding. This module only adapts them to a ragged batch and runs
-:class:`~.speculative_round.SpeculativeRound` (the same round the serving engine runs) until every row stops:
+:class:`~hf_dspark.speculation.round.SpeculativeRound` (the same round the serving engine runs) until every row stops:
 
     prefill(prompt) -> first token;  drafter context <- target features of the prompt
     repeat:  round (draft -> choose widths -> verify -> drafter context)  ->  commit with the stopping rules
@@ -29,15 +29,15 @@ from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
 from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
-from .kv_cache import growing_cache
-from .lookup import LookupHistoryKey, LookupProposer
-from .memory import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, memory_for
-from .prefix_cache import CachedPrefix, weights_signature
-from .processing import RowLogitsProcessor, adapt_for_rows, apply_processors
-from .ragged_batch import RaggedBatch, fill_from_the_end
-from .row_tokens import RowTokens
-from .speculative_round import SpeculativeRound, prefill
-from .verification import verify
+from ..speculation.kv_cache import growing_cache
+from ..speculation.lookup import LookupHistoryKey, LookupProposer
+from ..speculation.shared_state import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, shared_state_for
+from ..speculation.prefix_cache import CachedPrefix, weights_signature
+from ..speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors
+from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end
+from ..speculation.row_tokens import RowTokens
+from ..speculation.round import SpeculativeRound, prefill
+from ..speculation.verification import verify
 
 logger = logging.getLogger(__name__)
 
@@ -112,17 +112,17 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: 
         policy = _threshold_policy(drafter, num_tokens, threshold)
     elif isinstance(policy, str):
         policy = make_policy(policy)
-    memory = memory_for(model)
+    shared = shared_state_for(model)
     state = scope if scope is not None else ScopeState()
     if policy is None:
         policy = state.policy_for(drafter, lookup)
     round_drafter = None if lookup == "only" else drafter
     width = 1 + max(drafter.config.block_size, LONG_MATCH_TOKENS if lookup else 0)
-    cost = step_cost if step_cost is not None else (lambda: memory.cost_for(model, round_drafter, rows, width))
+    cost = step_cost if step_cost is not None else (lambda: shared.cost_for(model, round_drafter, rows, width))
     proposer = None
     if lookup and policy.supports_lookup:
         key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt or DEFAULT_SALT)
-        proposer = LookupProposer(memory.history, key, max_tokens=max(drafter.config.block_size, 8),
+        proposer = LookupProposer(shared.history, key, max_tokens=max(drafter.config.block_size, 8),
                                   long_match_tokens=LONG_MATCH_TOKENS)
     round_ = SpeculativeRound(model, round_drafter, policy, cost=cost, verify_fn=verify,
                               sequential_top_k=sequential_top_k, observe_time=step_cost is None,
@@ -147,7 +147,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     "only": lookup without running the drafter) and ``dspark_step_cost`` (a ``StepCostProfile`` instead of
     measuring) tune it.
 
-    Calls on one target share, by default, what makes an agent's next turn fast (``memory.py``): the lookup history
+    Calls on one target share, by default, what makes an agent's next turn fast (``speculation/shared_state.py``): the lookup history
     (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a batch-1 call, its
     caches, so the next call prefills only the part of its prompt that is new (``prefix_cache.py``). A caller
     serving several users passes ``dspark_cache_salt`` (one string per user): calls with different salts share
@@ -176,13 +176,13 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     _raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
-    scope = None if dspark_isolate else memory_for(model).scope(dspark_cache_salt)
+    scope = None if dspark_isolate else shared_state_for(model).scope(dspark_cache_salt)
     keeps_prefixes = dspark_prefix_cache and scope is not None
     prefix_key = _prefix_key(model, drafter, call, cache, dspark_cache_salt) if keeps_prefixes else None
     weights, reused = (), None
     if prefix_key is not None:
         weights = weights_signature(model, drafter)
-        reused = memory_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
+        reused = shared_state_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else growing_cache(model.config)
     do_sample = bool(generation_config.do_sample)
     linears = loop_linears(dspark_cpu_linears, model, drafter)
@@ -194,7 +194,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                     scope=scope, salt=dspark_cache_salt, step_cost=dspark_step_cost,
                                     tokenizer=dspark_tokenizer, rows=len(call.tokens),
                                     sequential_top_k=dspark_sequential_top_k)
-        shared = memory_for(model).round_lock  # the policy, calibrator and lookup history other calls use too
+        shared = shared_state_for(model).round_lock  # the policy, calibrator and lookup history other calls use too
         with shared:
             call.start_lookup(lookup)
         while active:
@@ -203,7 +203,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                     generator=dspark_generator, tap=tap, row_ids=active)
                 still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
-                memory_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
+                shared_state_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
             kept = fill_from_the_end(len(active), set(range(len(active))) - set(still))  # rows in any order
             batch.keep(kept)
             active = [active[i] for i in kept]
@@ -212,7 +212,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         with shared:
             call.end_lookup()
         if dspark_step_cost is None and round_.resolved_cost is not None:
-            memory_for(model).review_cost(round_.resolved_cost, round_.fastest_step_ratio)
+            shared_state_for(model).review_cost(round_.resolved_cost, round_.fastest_step_ratio)
     return call.finish(model)
 
 
@@ -236,7 +236,7 @@ def _prefix_key(model, drafter, call: "_GenerateCall", cache, salt: str | None):
         return None
     if architecture_of(drafter.config).autoregressive:
         return None
-    return memory_for(model).prefix_key(salt, drafter)
+    return shared_state_for(model).prefix_key(salt, drafter)
 
 
 class _GenerateCall:

@@ -19,7 +19,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _CACHE_VERSION = 4  # 2: step-cost cells timed in interleaved passes over the widths; 3: skinny row counts;
-# 4: the target cache appends in place (generation/kv_cache.py)
+# 4: the target cache appends in place (speculation/kv_cache.py)
 
 
 @dataclass(frozen=True)

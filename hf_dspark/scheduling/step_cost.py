@@ -93,7 +93,7 @@ def time_padded_verify(target, rows: int, length: int, *, context_len: int, repe
 @torch.inference_mode()
 def prefill_context(target, context_len: int, *, device: torch.device, generator: torch.Generator):
     """A one-row DynamicCache (appending in place, as the loop's) holding ``context_len`` random tokens: the context every verify timing sits on."""
-    from ..generation.kv_cache import growing_cache  # the cache the loop runs on (appends in place)
+    from ..speculation.kv_cache import growing_cache  # the cache the loop runs on (appends in place)
 
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (1, context_len), generator=generator).to(device)

@@ -2,7 +2,7 @@
 
 Rows join after their prefill (alone, or together with short prompts admitted in the same step), leave when they
 finish, and after each verify round keep only the slots of committed tokens (the rest become holes, see
-``generation/ragged_batch.py``). Holes cost attention compute and memory, so the batch compacts itself when they
+``speculation/ragged_batch.py``). Holes cost attention compute and memory, so the batch compacts itself when they
 pile up or when the next round would not fit its slot budget.
 
 A finished request's row is *vacated*, not dropped at once: a request joining in the next step takes its place,
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..generation.kv_cache import cache_from_tensors, extend_front, front_room
-from ..generation.ragged_batch import RaggedBatch, fill_from_the_end, stack_draft_rows, stack_rows
+from ..speculation.kv_cache import cache_from_tensors, extend_front, front_room
+from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end, stack_draft_rows, stack_rows
 from ..modeling.draft_cache import DraftCache
 from .requests import Request
 
@@ -44,7 +44,7 @@ class JoiningRows:
 
 
 class RunningBatch(RaggedBatch):
-    """The shared :class:`~hf_dspark.generation.ragged_batch.RaggedBatch` plus the engine's request of each row
+    """The shared :class:`~hf_dspark.speculation.ragged_batch.RaggedBatch` plus the engine's request of each row
     and :meth:`join` for rows prefilled elsewhere."""
 
     def __init__(self, config, device: torch.device):

@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..cpu_kernels import loop_linears, skinny_applies
-from ..generation.lookup import LookupHistory, LookupProposer
-from ..generation.lookup_calibration import LookupCalibrator
-from ..generation.memory import LONG_MATCH_TOKENS, memory_for
-from ..generation.prefix_cache import PREFIX_CACHE_BYTES, CachedPrefix, PrefixCacheStore, weights_signature
-from ..generation.speculative_round import SpeculativeRound
+from ..speculation.lookup import LookupHistory, LookupProposer
+from ..speculation.lookup_calibration import LookupCalibrator
+from ..speculation.shared_state import LONG_MATCH_TOKENS, shared_state_for
+from ..speculation.prefix_cache import PREFIX_CACHE_BYTES, CachedPrefix, PrefixCacheStore, weights_signature
+from ..speculation.round import SpeculativeRound
 from ..modeling.architectures import architecture_of
 from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
@@ -437,7 +437,7 @@ class DSparkEngine(PrefillMixin):
         """Where a request's caches are kept / looked up, or None (an isolated request, or the engine keeps none)."""
         if self._prefixes is None or request.params.isolate:
             return None
-        return memory_for(self.target).prefix_key(request.params.cache_salt, self._round.drafter)
+        return shared_state_for(self.target).prefix_key(request.params.cache_salt, self._round.drafter)
 
     def _weights(self) -> tuple:
         drafter = self._round.drafter

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..generation.kv_cache import growing_cache
-from ..generation.lookup import LookupHistoryKey
-from ..generation.speculative_round import prefill
+from ..speculation.kv_cache import growing_cache
+from ..speculation.lookup import LookupHistoryKey
+from ..speculation.round import prefill
 from ..modeling.draft_cache import DraftCache
 from ..sampling import pick_tokens
 from .batch import JoiningRows

@@ -1,7 +1,7 @@
 """Per-request logits processing over a batch whose rows carry different sampling settings.
 
 Rows are grouped by their settings (``SamplingParams.processing_key``); each group is processed in one call by
-``generation/processing.py``'s RowLogitsProcessor, so p (target) and q (drafter) of a row see exactly the
+``speculation/processing.py``'s RowLogitsProcessor, so p (target) and q (drafter) of a row see exactly the
 same warpers, as lossless sampling requires. When a batch mixes greedy and sampled requests the drafter must
 sample (``do_sample`` is per batch); greedy rows then get logits that keep only their argmax, so their q is
 one-hot and they still draft exactly greedily.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..generation.processing import RowLogitsProcessor
+from ..speculation.processing import RowLogitsProcessor
 from .requests import Request
 
 

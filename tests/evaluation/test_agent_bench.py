@@ -15,7 +15,7 @@ from chat_data import make_chat_tokenizer  # noqa: E402
 from hf_dspark import DSparkDraftModel  # noqa: E402
 from hf_dspark.evaluation.agent_bench import (DEFAULT_ARMS, TOOL_SCENARIOS, prepare_arms, run_conversation,  # noqa: E402
                                               run_workloads, summarize, table, tool_call_generations)
-from hf_dspark.generation.memory import memory_for  # noqa: E402
+from hf_dspark.speculation.shared_state import shared_state_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def test_every_arm_matches_plain_and_speculative_arms_share_nothing(setup):
     rows = run_conversation(arms, tokenizer, TOOL_SCENARIOS[0].system, tool_call_generations(TOOL_SCENARIOS[0]))
     assert len(rows) == 6 and all(all(r["identical"].values()) for r in rows)
     assert set(rows[0]["seconds"]) == {arm.name for arm in DEFAULT_ARMS}
-    assert not memory_for(target).history.keys()  # the shared target ran plain calls only
+    assert not shared_state_for(target).history.keys()  # the shared target ran plain calls only
     for arm in speculative:  # each arm with lookup kept its conversation in its own target's default scope
-        scopes = [key.scope for key in memory_for(arm.target).history.keys()]
+        scopes = [key.scope for key in shared_state_for(arm.target).history.keys()]
         assert scopes == ([] if arm.kwargs.get("dspark_lookup") is False else [""])
 
 

@@ -11,7 +11,7 @@ import torch
 from conftest import make_tiny_llama
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.generation.memory import forget, memory_for
+from hf_dspark.speculation.shared_state import forget, shared_state_for
 from hf_dspark.scheduling import step_cost
 
 PROMPT = torch.tensor([[1, 5, 9, 22, 7, 3, 40, 41, 12, 13]])
@@ -29,7 +29,7 @@ def models(tmp_path, monkeypatch):
 
 
 def cached_table(target) -> step_cost.StepCostProfile:
-    (cost,) = [c for c in memory_for(target).costs.values() if c.rows == (1,)]
+    (cost,) = [c for c in shared_state_for(target).costs.values() if c.rows == (1,)]
     return cost
 
 
@@ -46,7 +46,7 @@ def test_a_cached_table_is_used_without_a_spot_check_and_kept_when_the_steps_con
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)
     table = cached_table(target)
     assert table.metadata["source"] == "cache" and Path(table.metadata["cache_file"]).is_file()
-    assert id(table) in memory_for(target).reviewed
+    assert id(table) in shared_state_for(target).reviewed
 
 
 def test_a_table_measured_on_a_busy_machine_is_dropped_after_the_call(models):
@@ -62,6 +62,6 @@ def test_a_table_measured_on_a_busy_machine_is_dropped_after_the_call(models):
     path.write_text(json.dumps(data))
     forget(target)
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)
-    assert not path.exists() and not [c for c in memory_for(target).costs.values() if c.rows == (1,)]
+    assert not path.exists() and not [c for c in shared_state_for(target).costs.values() if c.rows == (1,)]
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)  # measured again
     assert cached_table(target).metadata["source"] == "measured" and path.exists()

@@ -8,10 +8,10 @@ import torch
 from conftest import flat_cost, make_tiny_llama
 from scipy.stats import chi2_contingency
 
-import hf_dspark.generation.speculative_round as round_module
+import hf_dspark.speculation.round as round_module
 from hf_dspark import DSparkDraftModel, DSparkEngine
-from hf_dspark.generation.lookup import LookupProposal, LookupProposer
-from hf_dspark.generation.memory import forget, memory_for
+from hf_dspark.speculation.lookup import LookupProposal, LookupProposer
+from hf_dspark.speculation.shared_state import forget, shared_state_for
 from hf_dspark.scheduling import ScheduledPolicy, StepCostProfile, make_policy
 
 VOCAB = 16
@@ -103,7 +103,7 @@ def test_default_scheduler_measures_its_own_step_cost(target, draft):
     for lookup in ("only", True):
         got = plain(target, PROMPT, do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_lookup=lookup)
         assert torch.equal(got, plain(target, PROMPT, do_sample=False, max_new_tokens=12))
-    assert len(memory_for(target).costs) == 2  # one profile without the drafter, one with it
+    assert len(shared_state_for(target).costs) == 2  # one profile without the drafter, one with it
 
 
 def test_each_lookup_mode_keeps_its_own_scheduler(target, draft):
@@ -115,7 +115,7 @@ def test_each_lookup_mode_keeps_its_own_scheduler(target, draft):
         got = plain(target, PROMPT, do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_lookup=lookup,
                     dspark_step_cost=flat_cost())
         assert torch.equal(got, plain(target, PROMPT, do_sample=False, max_new_tokens=12))
-    scope = memory_for(target).scope(None)  # the default scope's schedulers
+    scope = shared_state_for(target).scope(None)  # the default scope's schedulers
     assert len(scope.policies) == 3
     policies = [scope.policy_for(draft, lookup) for lookup in (True, False, "only")]
     assert len({id(p) for p in policies}) == 3 and scope.policy_for(draft, False) is policies[1]
@@ -168,10 +168,10 @@ def test_history_is_shared_only_within_a_salt(target, draft):
     plain(target, PROMPT, dspark_cache_salt="alice", **kwargs)
     plain(target, PROMPT, dspark_cache_salt="bob", **kwargs)
     plain(target, PROMPT, **kwargs)
-    history = memory_for(target).history
+    history = shared_state_for(target).history
     assert sorted(key.scope for key in history.keys()) == ["", "alice", "bob"]  # "": the default scope
     forget(target)
-    assert not memory_for(target).history.keys()
+    assert not shared_state_for(target).history.keys()
 
 
 def test_by_default_calls_share_history_and_isolated_calls_share_nothing(target, draft):
@@ -180,11 +180,11 @@ def test_by_default_calls_share_history_and_isolated_calls_share_nothing(target,
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
     first = plain(target, PROMPT, dspark_isolate=True, **kwargs)
-    assert not memory_for(target).history.keys() and not memory_for(target).scopes
+    assert not shared_state_for(target).history.keys() and not shared_state_for(target).scopes
     assert torch.equal(plain(target, PROMPT, **kwargs), first)
-    assert [key.scope for key in memory_for(target).history.keys()] == [""]
+    assert [key.scope for key in shared_state_for(target).history.keys()] == [""]
     assert torch.equal(plain(target, PROMPT, dspark_isolate=True, **kwargs), first)
-    assert [key.scope for key in memory_for(target).history.keys()] == [""]
+    assert [key.scope for key in shared_state_for(target).history.keys()] == [""]
     with pytest.raises(ValueError, match="give one or the other"):
         plain(target, PROMPT, dspark_isolate=True, dspark_cache_salt="alice", **kwargs)
     with pytest.raises(ValueError, match="must be a string"):
@@ -273,7 +273,7 @@ def test_salts_keep_their_own_schedulers(target, draft):
     forget(target)
     kwargs = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, dspark_step_cost=flat_cost())
     plain(target, PROMPT, dspark_cache_salt="alice", **kwargs)
-    memory = memory_for(target)
+    memory = shared_state_for(target)
     alice, bob = memory.scope("alice"), memory.scope("bob")
     assert alice is not bob and alice.calibrator is not bob.calibrator
     assert alice.policies and not bob.policies  # bob's scheduler starts from its priors

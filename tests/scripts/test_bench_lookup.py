@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_dspark.generation.lookup import LookupHistory, LookupHistoryKey, LookupProposer
-from hf_dspark.generation.lookup_calibration import LookupCalibrator
+from hf_dspark.speculation.lookup import LookupHistory, LookupHistoryKey, LookupProposer
+from hf_dspark.speculation.lookup_calibration import LookupCalibrator
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 

@@ -17,8 +17,8 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.generation import kv_cache
-from hf_dspark.generation.ragged_batch import cache_kwarg
+from hf_dspark.speculation import kv_cache
+from hf_dspark.speculation.ragged_batch import cache_kwarg
 from hf_dspark.modeling.modeling import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap
 from hf_dspark.serving import SPSProfile, StepCostProfile

@@ -111,8 +111,8 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
     position, the K/V a fresh prefill of its tokens computes, for the target and for the drafter."""
     from transformers import DynamicCache
 
-    from hf_dspark.generation.memory import memory_for
-    from hf_dspark.generation.ragged_batch import cache_kwarg
+    from hf_dspark.speculation.shared_state import shared_state_for
+    from hf_dspark.speculation.ragged_batch import cache_kwarg
     from hf_dspark.modeling.draft_cache import DraftCache
     from hf_dspark.modeling.target_taps import TargetFeatureTap
 
@@ -122,7 +122,7 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
     handles = [engine.submit(list(range(3, 40)), 12, cache_salt="alice"),
                engine.submit(list(range(50, 60)), 20, cache_salt="bob")]
     outputs = [handle.result() for handle in handles]
-    alice = memory_for(target).prefix_key("alice", draft)
+    alice = shared_state_for(target).prefix_key("alice", draft)
     (entry,) = [entry for key, entry in engine._prefixes._entries.values() if key == alice]
     tokens = list(range(3, 40)) + outputs[0].token_ids
     assert entry.token_ids == tokens and entry.num_tokens == len(tokens) - 1  # the last token is the anchor

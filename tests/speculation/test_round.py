@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
-import hf_dspark.generation.speculative_round as round_module
+import hf_dspark.speculation.round as round_module
 from hf_dspark import DSparkDraftModel
-from hf_dspark.generation.ragged_batch import RaggedBatch
+from hf_dspark.speculation.ragged_batch import RaggedBatch
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "numpy")
 

@@ -7,7 +7,7 @@ import torch
 from conftest import make_tiny_llama
 from transformers import DynamicCache
 
-from hf_dspark.generation.ragged_batch import (
+from hf_dspark.speculation.ragged_batch import (
     compact_draft_cache,
     compact_rows,
     crop_trailing_holes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_dspark.generation.verification import PLACEHOLDER_TOKEN_ID, verify
+from hf_dspark.speculation.verification import PLACEHOLDER_TOKEN_ID, verify
 
 P = PLACEHOLDER_TOKEN_ID
 

@@ -89,7 +89,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PrefixCacheStore:
     """Bounded LRU of :class:`CachedPrefix` entries, several per key (salt, drafter); thread-safe. ``max_entries`` /
-    ``max_bytes`` may be changed at any time (``memory_for(target).prefixes.max_bytes = ...``; 0 keeps nothing)."""
+    ``max_bytes`` may be changed at any time (``shared_state_for(target).prefixes.max_bytes = ...``; 0 keeps nothing)."""
 
     def __init__(self, max_entries: int = PREFIX_CACHE_ENTRIES, max_bytes: int = PREFIX_CACHE_BYTES):
         self.max_entries, self.max_bytes = int(max_entries), int(max_bytes)

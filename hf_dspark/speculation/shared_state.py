@@ -54,11 +54,11 @@ class ScopeState:
         """The scheduler of calls with this drafter and lookup mode (``dspark_lookup``): one per mode, because its
         history is a record of decisions between the sources that mode offers — calls with lookup proposals that
         found the drafter not worth probing must not stop calls without them from drafting."""
-        return self.policies.setdefault((_token(drafter), lookup), ScheduledPolicy())
+        return self.policies.setdefault((_instance_number(drafter), lookup), ScheduledPolicy())
 
 
 @dataclass
-class SpeculationMemory:
+class SharedState:
     """One target's state across ``generate`` calls (see the module docstring)."""
 
     history: LookupHistory = field(default_factory=lambda: LookupHistory(max_tokens=HISTORY_TOKENS))
@@ -83,7 +83,7 @@ class SpeculationMemory:
 
     def prefix_key(self, salt: str | None, drafter) -> tuple[str, int]:
         """Prefix-cache entries belong to a salt and to the drafter whose context they hold."""
-        return DEFAULT_SALT if salt is None else salt, _token(drafter)
+        return DEFAULT_SALT if salt is None else salt, _instance_number(drafter)
 
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and
@@ -92,7 +92,8 @@ class SpeculationMemory:
         from ..scheduling.step_cost import profile_step_cost
 
         rows = 1 << max(rows - 1, 0).bit_length()  # powers of two: batches of 3 and 4 share a profile
-        key = (_token(drafter), rows, width, linear_kernel(target))  # the kernel the loop runs changes the cost
+        # the kernel the loop runs changes the cost
+        key = (_instance_number(drafter), rows, width, linear_kernel(target))
         with self.lock:
             cost = self.costs.get(key)
         if cost is None:
@@ -118,37 +119,38 @@ class SpeculationMemory:
             self.reviewed.add(id(cost))
 
 
-_MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> SharedState
+_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # object -> its instance number
 _LOCK = threading.Lock()
 _COUNTER = itertools.count(1)
 
 
-def memory_for(target) -> SpeculationMemory:
+def shared_state_for(target) -> SharedState:
+    """What calls on ``target`` share (created on first use, dropped with the target)."""
     with _LOCK:
-        memory = _MEMORIES.get(target)
-        if memory is None:
-            memory = _MEMORIES[target] = SpeculationMemory()
-        return memory
+        state = _STATES.get(target)
+        if state is None:
+            state = _STATES[target] = SharedState()
+        return state
 
 
 def forget(target) -> None:
     """Drop everything remembered for ``target`` (its lookup history included)."""
     with _LOCK:
-        _MEMORIES.pop(target, None)
+        _STATES.pop(target, None)
 
 
-def _token(obj) -> int:
+def _instance_number(obj) -> int:
     """A per-process number for an object (not ``id()``: a later object at the same address gets a new one);
     0 for None (no drafter: lookup only)."""
     if obj is None:
         return 0
     with _LOCK:
-        token = _TOKENS.get(obj)
-        if token is None:
-            token = _TOKENS[obj] = next(_COUNTER)
-        return token
+        number = _NUMBERS.get(obj)
+        if number is None:
+            number = _NUMBERS[obj] = next(_COUNTER)
+        return number
 
 
-__all__ = ["DEFAULT_SALT", "HISTORY_TOKENS", "LONG_MATCH_TOKENS", "MAX_SCOPES", "ScopeState", "SpeculationMemory",
-           "forget", "memory_for"]
+__all__ = ["DEFAULT_SALT", "HISTORY_TOKENS", "LONG_MATCH_TOKENS", "MAX_SCOPES", "ScopeState", "SharedState",
+           "forget", "shared_state_for"]

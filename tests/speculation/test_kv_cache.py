@@ -11,9 +11,9 @@ import torch
 from conftest import make_tiny_llama
 from transformers import DynamicCache
 
-from hf_dspark.generation import kv_cache
-from hf_dspark.generation.kv_cache import GrowingLayer, cache_from_tensors, drop_rows_in_place, growing_cache
-from hf_dspark.generation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
+from hf_dspark.speculation import kv_cache
+from hf_dspark.speculation.kv_cache import GrowingLayer, cache_from_tensors, drop_rows_in_place, growing_cache
+from hf_dspark.speculation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
 
 
 def _run(target, cache, script):

@@ -13,8 +13,8 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
 )
 
-from hf_dspark.generation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors
-from hf_dspark.generation.row_tokens import RowTokens
+from hf_dspark.speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors
+from hf_dspark.speculation.row_tokens import RowTokens
 
 
 def _processors() -> LogitsProcessorList:

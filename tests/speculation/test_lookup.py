@@ -1,4 +1,4 @@
-"""Lookup proposer (generation/lookup.py) and its survival estimates (generation/lookup_calibration.py)."""
+"""Lookup proposer (speculation/lookup.py) and its survival estimates (speculation/lookup_calibration.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from hf_dspark.generation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex, LookupProposal,
+from hf_dspark.speculation.lookup import (NO_PROPOSAL, LookupHistory, LookupHistoryKey, LookupIndex, LookupProposal,
                                          LookupProposer)
-from hf_dspark.generation.lookup_calibration import (DEFAULT_PRIOR, DEFAULT_SUPPORT_FACTOR, LookupCalibrator,
+from hf_dspark.speculation.lookup_calibration import (DEFAULT_PRIOR, DEFAULT_SUPPORT_FACTOR, LookupCalibrator,
                                                      match_bucket, support_bucket)
 
 KEY_A = LookupHistoryKey("target-x", "tok-x", scope="user-a")

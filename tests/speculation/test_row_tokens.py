@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_dspark.generation.row_tokens import RowTokens
+from hf_dspark.speculation.row_tokens import RowTokens
 
 
 def _tokens(mirror: bool) -> RowTokens:

@@ -9,8 +9,8 @@ from conftest import flat_cost, make_tiny_llama
 from scipy.stats import chi2_contingency
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.generation.memory import forget, memory_for
-from hf_dspark.generation.prefix_cache import MIN_REUSED_TOKENS, PrefixCacheStore, common_prefix_length
+from hf_dspark.speculation.shared_state import forget, shared_state_for
+from hf_dspark.speculation.prefix_cache import MIN_REUSED_TOKENS, PrefixCacheStore, common_prefix_length
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_a_default_conversation_reuses_its_prefix_and_isolated_calls_keep_nothin
     for kwargs in ({"dspark_isolate": True}, {"dspark_prefix_cache": False}):
         forget(target)
         _, _, reused = conversation(target, draft, 3, do_sample=False, dspark_step_cost=flat_cost(), **kwargs)
-        assert reused == [0, 0, 0] and len(memory_for(target).prefixes) == 0
+        assert reused == [0, 0, 0] and len(shared_state_for(target).prefixes) == 0
 
 
 def test_two_conversations_of_one_salt_each_reuse_their_own_prefix(target, draft):
@@ -134,7 +134,7 @@ def test_store_is_bounded_and_takes_what_the_prompt_shares():
         ids = torch.arange(3, 3 + 2 * MIN_REUSED_TOKENS)[None]
         target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=4,
                         do_sample=False, pad_token_id=0, dspark_cache_salt=key, dspark_step_cost=flat_cost())
-    prefixes = memory_for(target).prefixes
+    prefixes = shared_state_for(target).prefixes
     assert len(prefixes) == 3  # the target's own store (8 entries)
     _, entry = next(iter(prefixes._entries.values()))
     store.put("a", entry)
