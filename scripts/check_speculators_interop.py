@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if args.drafter:
-            from hf_dspark.embedded import load_target
+            from hf_dspark.loading import load_target
 
             target = load_target(args.target)[0] if args.target else None
             draft = DSparkDraftModel.from_pretrained(args.drafter, target=target)

@@ -8,7 +8,8 @@ drafter whenever held-out τ improves: commit both at the end of the session.
     nohup nice -n 19 .venv/bin/python scripts/train_continuous.py --threads 1 > runs/continuous.log 2>&1 &
 
 The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens) is built on first
-use under runs/.
+use under runs/. Documentation whose licence keeps it out of the repository is read from runs/human/ when present
+(``python -m hf_dspark.training.document_text``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from hf_dspark.training.target_cache import build_target_cache
 from hf_dspark.training.validation import greedy_answer_records
 
 DATA = ["data/smollm2/train.jsonl", "data/smollm2-magpie/train.jsonl", "data/smollm2-diverse/train.jsonl",
-        "data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz"]
+        "data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz",
+        "runs/human/*.jsonl.gz"]
 HELDOUT = ["data/heldout/chat.jsonl", "data/heldout/code.jsonl"]
 
 
