@@ -66,3 +66,24 @@ def test_iterator_streamer_streams_the_generated_text(setup):
     thread.join()
     assert torch.equal(result["out"], expected)
     assert text.strip() == tok.decode(expected[0, ids["input_ids"].shape[1]:]).strip()
+
+
+def test_a_pipeline_conversation_reuses_its_prefix_without_any_keyword(setup):
+    """An agent loop through ``pipeline`` passes no hf-dspark keyword: its next turn still prefills only what is new
+    (calls on a target share their caches by default) and equals plain greedy."""
+    from hf_dspark.speculation.shared_state import forget
+
+    target, draft, tok = setup
+    forget(target)
+    plain = pipeline("text-generation", model=target, tokenizer=tok)
+    ours = pipeline("text-generation", model=target, tokenizer=tok, assistant_model=draft)
+    conversation = " ".join(f"w{3 + (7 * i) % 90}" for i in range(30))
+    for turn in range(3):
+        expected = plain(conversation, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+        got = ours(conversation, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+        assert got == expected
+        if turn:  # at least the previous turn's prompt was reused (its reply re-tokenises on the word boundary)
+            assert draft.stats.reused_prompt_tokens >= previous_prompt_tokens - 1 >= 29
+        previous_prompt_tokens = len(tok(conversation)["input_ids"])
+        conversation = got + " w9 w10 w11"
+    forget(target)
