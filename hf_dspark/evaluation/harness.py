@@ -32,7 +32,7 @@ from ..metrics import DSparkStats
 from .benchmarks import (DEEPSPEC_SAMPLE_CAPS, DEEPSPEC_SEED, DEFAULT_BENCHMARKS, Benchmark, encode_chat_prompt,
                          left_pad, load_benchmark)
 from ..modeling.architectures import method_label
-from ..scheduling.policies import ThresholdPolicy
+from ..scheduling.policies import PolicyInputs, ThresholdPolicy
 from .recorder import RoundRecorder, RoundTrace
 
 # Every round proposes all γ drafts (threshold 0): calibration and the offline threshold sweep need complete rounds
@@ -76,8 +76,8 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
     out = ThresholdSweep([], [], [], [])
     for t in thresholds:
         # the library's one threshold rule (what generate and the engine run): verify up to the first c_k < t
-        verified = ThresholdPolicy(float(t), max_threshold=math.inf).choose(confidence, trace.num_proposed,
-                                                                            None).numpy()
+        verified = ThresholdPolicy(float(t), max_threshold=math.inf).choose(
+            PolicyInputs(confidence, trace.num_proposed)).numpy()
         accepted = np.minimum(trace.num_accepted, verified)
         committed = np.where(verified >= trace.num_accepted, trace.num_committed,
                              np.minimum(trace.num_committed, verified + 1))

@@ -1,6 +1,7 @@
 """The cost tables the scheduler prices rounds with: SPS(B) (verify steps per second for B tokens, the paper's
 form) and the padded step cost (drafter pass for R rows + verify of R rows × W tokens, what ``generate`` and the
-engine actually run). Both look up in O(1) and are saved as JSON; ``step_cost.py`` measures them."""
+engine actually run). Both look up in O(1) and are saved as JSON; ``step_cost.py`` measures them and
+``profile_cache.py`` keeps them on disk."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_CACHE_VERSION = 4  # 2: step-cost cells timed in interleaved passes over the widths; 3: skinny row counts;
-# 4: the target cache appends in place (speculation/kv_cache.py)
+#: Stamped into saved tables and part of every cache key: raised whenever the way a table is measured changes, so
+#: tables measured the old way are measured again (2: cells timed in interleaved passes over the widths; 3: skinny
+#: row counts; 4: the target cache appends in place, speculation/kv_cache.py)
+CACHE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class SPSProfile:
         return profile
 
     def to_dict(self) -> dict:
-        return {"version": _CACHE_VERSION, "batch_tokens": list(self.batch_tokens),
+        return {"version": CACHE_VERSION, "batch_tokens": list(self.batch_tokens),
                 "steps_per_second": list(self.steps_per_second), "metadata": self.metadata}
 
     @classmethod
@@ -102,7 +105,7 @@ class SPSProfile:
                    tuple(number_list(data.get("steps_per_second"), "steps_per_second")), _metadata(data))
 
     def save(self, path: str | os.PathLike) -> None:
-        _save_json_atomic(path, self.to_dict())
+        save_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SPSProfile":
@@ -142,7 +145,7 @@ def _preview(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _save_json_atomic(path: str | os.PathLike, data: dict) -> None:
+def save_json_atomic(path: str | os.PathLike, data: dict) -> None:
     """Write via a temporary file and rename: a concurrent reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,8 +176,6 @@ def default_batch_grid(max_batch_tokens: int) -> list[int]:
     while grid[-1] < max_batch_tokens:
         grid.append(min(max_batch_tokens, max(grid[-1] + 1, int(grid[-1] * 1.25))))
     return grid
-
-
 
 
 def verify_batch_shape(num_tokens: int, row_len: int) -> tuple[int, int]:
@@ -255,8 +256,8 @@ class StepCostProfile:
         linears on R·W rows of activations and its attention on R·W queries, so it costs what the last measured
         row count pays for as many tokens (a wider step), and proportionally more past the widest one measured.
         Why not in proportion to rows: a 1-token step is far from compute-bound (the weights are read once for all
-        rows), so doubling 8 rows priced a 16-row plain step 27 % dear while its 9-token steps came out 6 % cheap:
-        drafting looked a third cheaper than it was, exactly at the load where it could not pay."""
+        rows), so scaling by rows prices plain steps too dear and wide ones too cheap, and drafting looks cheaper
+        than it is exactly at the loads where it cannot pay."""
         last, widest, tokens = self.rows[-1], self.widths[-1], num_rows * widths
         equivalent = tokens / last  # the width with as many tokens at the last measured row count
         line = self._verify[-1]  # type: ignore[attr-defined]
@@ -302,7 +303,7 @@ class StepCostProfile:
         return cls(rows, widths, verify, tuple(0.0 for _ in rows), {**sps.metadata, "derived_from": "sps"})
 
     def to_dict(self) -> dict:
-        return {"version": _CACHE_VERSION, "kind": "step-cost", "rows": list(self.rows), "widths": list(self.widths),
+        return {"version": CACHE_VERSION, "kind": "step-cost", "rows": list(self.rows), "widths": list(self.widths),
                 "verify_seconds": [list(line) for line in self.verify_seconds],
                 "draft_seconds": list(self.draft_seconds), "metadata": self.metadata}
 
@@ -320,7 +321,7 @@ class StepCostProfile:
                    tuple(number_list(data.get("draft_seconds"), "draft_seconds")), _metadata(data))
 
     def save(self, path: str | os.PathLike) -> None:
-        _save_json_atomic(path, self.to_dict())
+        save_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StepCostProfile":
@@ -351,5 +352,5 @@ def make_nondecreasing(table: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["SPSProfile", "StepCostProfile", "default_batch_grid", "isotonic_fit", "make_monotone",
-           "make_nondecreasing", "verify_batch_shape"]
+__all__ = ["CACHE_VERSION", "SPSProfile", "StepCostProfile", "default_batch_grid", "isotonic_fit", "make_monotone",
+           "make_nondecreasing", "number_list", "save_json_atomic", "verify_batch_shape"]

@@ -29,7 +29,8 @@ from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
 from ..modeling.drafting import DraftBlock
 from ..modeling.target_support import cache_kwarg
-from ..scheduling.step_cost import SPSProfile, StepCostProfile
+from ..scheduling.policies import PolicyInputs
+from ..scheduling.cost_tables import SPSProfile, StepCostProfile
 from .proposals import DRAFTER, LOOKUP, NO_SOURCE, RoundPlan, assemble_drafts, combined_confidences, truncate
 from .ragged_batch import RaggedBatch
 from .verification import verify as default_verify
@@ -239,9 +240,9 @@ class SpeculativeRound:
             if block is None:
                 return [0] * rows, [NO_SOURCE] * rows, np.zeros(rows, dtype=bool)
             # host tensors (CPU: no device traffic); policies read them as numpy
-            extra = {"all_greedy": not any_sampled} if self.policy.supports_lookup else {}
-            chosen = self.policy.choose(None if confidence is None else torch.from_numpy(confidence),
-                                        torch.from_numpy(drafter_max), cost, step=step, **extra)
+            chosen = self.policy.choose(PolicyInputs(None if confidence is None else torch.from_numpy(confidence),
+                                                     torch.from_numpy(drafter_max), cost, step=step,
+                                                     all_greedy=not any_sampled))
             drafter_rows = np.ones(rows, dtype=bool)
             max_lengths = drafter_max
         else:
@@ -252,9 +253,9 @@ class SpeculativeRound:
             if block is None and not max_lengths.any():  # no proposal to verify in any row: a plain step, no walk
                 return [0] * rows, [NO_SOURCE] * rows, drafter_rows
             conf = combined_confidences(plan, confidence, drafter_rows, rows)
-            chosen = self.policy.choose(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost, step=step,
-                                        drafter_rows=drafter_rows, drafted=block is not None,
-                                        all_greedy=not any_sampled)
+            chosen = self.policy.choose(PolicyInputs(torch.from_numpy(conf), torch.from_numpy(max_lengths), cost,
+                                                     step=step, drafter_rows=drafter_rows, drafted=block is not None,
+                                                     all_greedy=not any_sampled))
         chosen = np.minimum(np.asarray(chosen.cpu() if isinstance(chosen, torch.Tensor) else chosen), max_lengths)
         lengths = [int(x) for x in chosen]
         sources = [NO_SOURCE if n == 0 else DRAFTER if drafter_rows[r] else LOOKUP for r, n in enumerate(lengths)]

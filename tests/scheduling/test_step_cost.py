@@ -1,5 +1,5 @@
 """SPS(B) and step-cost tables: lookup/interpolation, persistence, and profiling a tiny random Llama (and drafter)
-with an on-disk cache."""
+with an on-disk cache. Tests that depend on what the profile measures run on a fake clock (forward_clock.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,20 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import make_tiny_llama
+from forward_clock import ForwardClock
+
 from hf_dspark import DSparkDraftModel
-from hf_dspark.serving import SPSProfile, StepCostProfile, profile_step_cost, profile_verify_sps
-from hf_dspark.serving import profiler
-from hf_dspark.serving.profiler import (
+from hf_dspark.scheduling import SPSProfile, StepCostProfile, profile_step_cost, profile_verify_sps
+from hf_dspark.scheduling import forward_timing, profile_cache, step_cost
+from hf_dspark.scheduling.cost_grids import default_row_grid
+from hf_dspark.scheduling.cost_tables import (
     default_batch_grid,
-    default_row_grid,
-    make_monotone,
     isotonic_fit,
+    make_monotone,
     make_nondecreasing,
     verify_batch_shape,
 )
-
-from conftest import make_tiny_llama
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_lookup_interpolates_and_extrapolates():
 
 
 def test_user_table_kept_as_given_even_if_jagged(caplog):
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         sps = SPSProfile.from_user_table([(4, 5.0), (1, 9.0), (2, 4.0)])
     assert sps.batch_tokens == (1, 2, 4) and sps.steps_per_second == (9.0, 4.0, 5.0)
     assert not sps.is_monotone() and "not monotone" in caplog.text
@@ -89,7 +90,7 @@ def test_profile_tiny_llama_is_monotone_and_cached(tmp_path, monkeypatch, one_th
     def no_timing(*args, **kwargs):
         raise AssertionError("profiled again despite a cached table")
 
-    monkeypatch.setattr(profiler, "time_verify_forward", no_timing)
+    monkeypatch.setattr(step_cost, "time_verify_forward", no_timing)
     cached = profile_verify_sps(target, grid, context_len=16, row_len=4, repeats=1, cache_dir=tmp_path)
     assert cached == sps and cached.metadata["source"] == "cache"
     user = profile_verify_sps(target, grid, user_table={1: 3.0, 64: 1.0}, cache_dir=tmp_path)
@@ -102,11 +103,11 @@ def test_cache_key_depends_on_what_changes_the_curve():
     target = make_tiny_llama(num_layers=2)
     other = make_tiny_llama(num_layers=3)
     kwargs = dict(context_len=16, row_len=4, dtype=torch.float32, device="cpu", repeats=1)
-    key = profiler.profile_cache_key(target, [1, 2], **kwargs)
-    assert key == profiler.profile_cache_key(make_tiny_llama(num_layers=2), [1, 2], **kwargs)
-    assert key != profiler.profile_cache_key(other, [1, 2], **kwargs)
-    assert key != profiler.profile_cache_key(target, [1, 2, 4], **kwargs)
-    assert key != profiler.profile_cache_key(target, [1, 2], **{**kwargs, "dtype": torch.bfloat16})
+    key = profile_cache.profile_cache_key(target, [1, 2], **kwargs)
+    assert key == profile_cache.profile_cache_key(make_tiny_llama(num_layers=2), [1, 2], **kwargs)
+    assert key != profile_cache.profile_cache_key(other, [1, 2], **kwargs)
+    assert key != profile_cache.profile_cache_key(target, [1, 2, 4], **kwargs)
+    assert key != profile_cache.profile_cache_key(target, [1, 2], **{**kwargs, "dtype": torch.bfloat16})
 
 
 def test_profiling_restores_train_mode(one_thread):
@@ -165,17 +166,21 @@ def test_step_cost_from_sps_and_round_trip(tmp_path):
 def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_thread):
     target = make_tiny_llama()
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    clock = ForwardClock().install(monkeypatch, target, draft)
     cost = profile_step_cost(target, draft, max_rows=4, max_width=4, context_len=8, repeats=1, cache_dir=tmp_path)
     assert cost.rows == (1, 2, 4) and cost.widths == (1, 2, 3, 4)
     verify = np.array(cost.verify_seconds)
     assert (verify > 0).all() and (np.diff(verify, axis=0) >= 0).all() and (np.diff(verify, axis=1) >= 0).all()
     assert all(d > 0 for d in cost.draft_seconds) and list(cost.draft_seconds) == sorted(cost.draft_seconds)
+    # what the (fake) machine costs: a forward fixed + per token, a drafter pass per row
+    np.testing.assert_allclose(verify, clock.fixed + clock.per_token * np.outer(cost.rows, cost.widths), rtol=1e-3)
+    np.testing.assert_allclose(cost.draft_seconds, clock.draft_per_row * np.array(cost.rows), rtol=1e-3)
     assert cost.metadata["source"] == "measured" and not draft.training
 
     def no_timing(*args, **kwargs):
         raise AssertionError("profiled again despite a cached table")
 
-    monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
+    monkeypatch.setattr(step_cost, "time_padded_verify", no_timing)
     kwargs = {"max_rows": 4, "max_width": 4, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
     again = profile_step_cost(target, draft, **kwargs)
     assert again == cost and again.metadata["source"] == "cache"
@@ -184,8 +189,9 @@ def test_profile_step_cost_tiny_target_and_drafter(tmp_path, monkeypatch, one_th
     assert alone.verify_seconds == cost.verify_seconds and set(alone.draft_seconds) == {0.0}
     # another drafter times only its own passes, on the same verify table
     drafts = []
-    real_draft_pass = profiler._draft_pass
-    monkeypatch.setattr(profiler, "_draft_pass", lambda *a, **k: drafts.append(a[1]) or real_draft_pass(*a, **k))
+    real_draft_pass = forward_timing._draft_pass
+    monkeypatch.setattr(forward_timing, "_draft_pass",
+                        lambda *a, **k: drafts.append(a[1]) or real_draft_pass(*a, **k))
     other = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
     with_other = profile_step_cost(target, other, **kwargs)
     assert drafts == [1, 2, 4] and with_other.verify_seconds == cost.verify_seconds
@@ -206,18 +212,20 @@ def rescale_cached_table(path, factor: float) -> dict:
 
 def test_a_cached_profile_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch, one_thread):
     target = make_tiny_llama()
+    ForwardClock().install(monkeypatch, target)  # the machine runs at one speed throughout, whatever this one does
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
     cost = profile_step_cost(target, None, **kwargs)
     (path,) = (tmp_path / "sps").glob("step-*.json")
     rescale_cached_table(path, 50)  # as if every timing had been taken while other work held the CPU
     fresh = profile_step_cost(target, None, **kwargs)
     assert fresh.metadata["source"] == "measured" and fresh.verify(1, 1) < 10 * cost.verify(1, 1)
+    np.testing.assert_allclose(fresh.verify_seconds, cost.verify_seconds, rtol=1e-6)  # measured as it was at first
     assert json.loads(path.read_text())["verify_seconds"][0][0] < 10 * cost.verify(1, 1)  # the cache is replaced
     # a table that is faster than the machine now is kept (a busy machine now must not overwrite it)
     quiet = rescale_cached_table(path, 1 / 100)
     calls = []
-    real = profiler.time_padded_verify
-    monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = step_cost.time_padded_verify
+    monkeypatch.setattr(step_cost, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     kept = profile_step_cost(target, None, **kwargs)
     assert kept.metadata["source"] == "cache" and kept.verify(1, 1) == quiet["verify_seconds"][0][0]
     assert calls == [(1, 1)]  # one spot check, no re-profiling
@@ -240,13 +248,14 @@ def test_a_cached_table_is_spot_checked_once_per_process(tmp_path, monkeypatch, 
     """Every engine loads the table; only the first load in a process pays the spot check (an edited file is a new
     table and is checked again)."""
     target = make_tiny_llama()
+    ForwardClock().install(monkeypatch, target)
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path}
     profile_step_cost(target, None, **kwargs)
     (path,) = (tmp_path / "sps").glob("step-*.json")
-    quiet = rescale_cached_table(path, 1 / 100)  # faster than any machine: every spot check keeps it
+    quiet = rescale_cached_table(path, 1 / 100)  # faster than the machine: every spot check keeps it
     calls = []
-    real = profiler.time_padded_verify
-    monkeypatch.setattr(profiler, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = step_cost.time_padded_verify
+    monkeypatch.setattr(step_cost, "time_padded_verify", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     for _ in range(3):
         assert profile_step_cost(target, None, **kwargs).metadata["source"] == "cache"
     assert calls == [(1, 1)]
@@ -263,17 +272,19 @@ def test_an_unreadable_drafter_cost_file_is_measured_again(tmp_path, caplog, one
     first = profile_step_cost(target, draft, **kwargs)
     (path,) = (tmp_path / "sps").glob("draft-*.json")
     path.write_text("{not json")
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         again = profile_step_cost(target, draft, **kwargs)
     assert "unreadable drafter cost file" in caplog.text
     assert again.metadata["source"] == "measured" and again.verify_seconds == first.verify_seconds
     assert all(d > 0 for d in again.draft_seconds) and json.loads(path.read_text())["rows"] == [1, 2]
 
 
-def test_the_drafter_is_timed_between_target_forwards(tmp_path, one_thread):
-    """As the loop runs it: every drafter pass the profile times follows a verify forward of as many rows."""
+def test_the_drafter_is_timed_between_target_forwards(tmp_path, monkeypatch, one_thread):
+    """As the loop runs it: every drafter pass the profile times follows a verify forward of as many rows (on a
+    machine where every row count's passes fit its time budget: all of them are timed)."""
     target = make_tiny_llama()
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=3, markov_rank=8).eval()
+    ForwardClock().install(monkeypatch, target, draft)
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": tmp_path, "recheck": False}
     profile_step_cost(target, None, **kwargs)  # the verify table, cached: only the drafter is timed below
     calls = []
@@ -285,9 +296,10 @@ def test_the_drafter_is_timed_between_target_forwards(tmp_path, one_thread):
     cost = profile_step_cost(target, draft, **kwargs)
     assert calls[0] == ("verify", 1)  # the context prefill (one row, repeated per row count)
     passes = calls[1:]
-    assert len(passes) == 2 * 2 * (profiler.DRAFT_PASS_REPEATS + 1)  # a warm-up and the timed passes, 2 row counts
+    # a warm-up and the timed passes, for 2 row counts
+    assert len(passes) == 2 * 2 * (forward_timing.DRAFT_PASS_REPEATS + 1)
     assert all(v == ("verify", r) and d == ("draft", r) for v, d, r in
-               zip(passes[::2], passes[1::2], [1, 2] * (profiler.DRAFT_PASS_REPEATS + 1)))
+               zip(passes[::2], passes[1::2], [1, 2] * (forward_timing.DRAFT_PASS_REPEATS + 1)))
     assert all(d > 0 for d in cost.draft_seconds)
 
 
@@ -299,7 +311,7 @@ def _refuse_writes(monkeypatch) -> None:
     def read_only(path, data):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(profiler, "_save_json_atomic", read_only)
+    monkeypatch.setattr(profile_cache, "save_json_atomic", read_only)
 
 
 @pytest.mark.parametrize("unwritable", ["under a regular file", "read-only"])
@@ -315,16 +327,16 @@ def test_an_unwritable_cache_folder_warns_once_and_keeps_the_tables_in_memory(tm
         cache_dir = tmp_path / "a-file" / "sub"
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "cache_dir": cache_dir,
               "recheck": False}
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         cost = profile_step_cost(target, draft, **kwargs)  # a verify table and a drafter file: one folder
         sps = profile_verify_sps(target, [1, 2], context_len=8, row_len=2, repeats=1, cache_dir=cache_dir)
 
         def no_timing(*args, **kwargs):
             raise AssertionError("measured again despite the table kept in memory")
 
-        monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
-        monkeypatch.setattr(profiler, "_draft_pass", no_timing)
-        monkeypatch.setattr(profiler, "time_verify_forward", no_timing)
+        monkeypatch.setattr(step_cost, "time_padded_verify", no_timing)
+        monkeypatch.setattr(forward_timing, "_draft_pass", no_timing)
+        monkeypatch.setattr(step_cost, "time_verify_forward", no_timing)
         again = profile_step_cost(target, draft, **kwargs)
         sps_again = profile_verify_sps(target, [1, 2], context_len=8, row_len=2, repeats=1, cache_dir=cache_dir)
     assert cost.metadata["source"] == "measured" and all(d > 0 for d in cost.draft_seconds)
@@ -371,7 +383,7 @@ def test_a_malformed_step_cost_file_is_measured_again(tmp_path, caplog, one_thre
     kwargs = {"max_rows": 2, "max_width": 2, "context_len": 8, "repeats": 1, "recheck": False}
     table, path = _valid_step_table(tmp_path, target, **kwargs)
     path.write_text(MALFORMED_STEP_TABLES[case](table))
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         again = profile_step_cost(target, None, cache_dir=tmp_path, **kwargs)
     assert "ignoring unreadable cache file" in caplog.text
     assert again.metadata["source"] == "measured" and again.rows == (1, 2) and again.widths == (1, 2)
@@ -400,7 +412,7 @@ def test_a_malformed_drafter_cost_file_is_measured_again(tmp_path, caplog, one_t
     first = profile_step_cost(target, draft, **kwargs)
     (path,) = (tmp_path / "sps").glob("draft-*.json")
     path.write_text(MALFORMED_DRAFTER_FILES[case])
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         again = profile_step_cost(target, draft, **kwargs)
     assert "unreadable drafter cost file" in caplog.text
     assert again.metadata["source"] == "measured" and again.verify_seconds == first.verify_seconds
@@ -416,7 +428,7 @@ def test_a_malformed_sps_file_is_measured_again(tmp_path, caplog, one_thread, co
     profile_verify_sps(target, [1, 2], **kwargs)
     (path,) = (tmp_path / "sps").glob("*.json")
     path.write_text(content)
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"):
         again = profile_verify_sps(target, [1, 2], **kwargs)
     assert "ignoring unreadable cache file" in caplog.text and again.metadata["source"] == "measured"
     assert SPSProfile.from_dict(json.loads(path.read_text())) == again

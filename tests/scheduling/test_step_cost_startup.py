@@ -1,23 +1,27 @@
 """The engine's start-up step-cost profile: coarse and time-limited by default, announced with its estimated duration
-and the way to skip it, a progress bar on request, and a fine grid on demand (then reused from the cache)."""
+and the way to skip it, a progress bar on request, and a fine grid on demand (then reused from the cache). The
+profiles run on a fake clock (forward_clock.py): what gets measured must not depend on how busy this machine is."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import make_tiny_llama
+from forward_clock import ForwardClock
 
-from hf_dspark.serving import profiler
-from hf_dspark.serving.profiler import coarse_row_grid, coarse_width_grid, profile_step_cost
+from hf_dspark.scheduling import profile_step_cost, step_cost
+from hf_dspark.scheduling.cost_grids import coarse_row_grid, coarse_width_grid
 
 SMALL = {"max_rows": 16, "max_width": 8, "context_len": 8, "repeats": 3}
 
 
 @pytest.fixture
-def target():
+def target(monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield make_tiny_llama(num_layers=2)
+    model = make_tiny_llama(num_layers=2)
+    ForwardClock().install(monkeypatch, model)
+    yield model
     torch.set_num_threads(before)
 
 
@@ -57,14 +61,14 @@ def test_default_profile_is_coarse_and_refine_is_on_demand(target, tmp_path, mon
     def no_timing(*args, **kwargs):
         raise AssertionError("profiled again despite a cached fine table")
 
-    monkeypatch.setattr(profiler, "time_padded_verify", no_timing)
+    monkeypatch.setattr(step_cost, "time_padded_verify", no_timing)
     again = profile_step_cost(target, cache_dir=tmp_path / "a", recheck=False, **SMALL)
     assert again.metadata["source"] == "cache" and again.widths == fine.widths  # a cached fine table wins
 
 
 def test_start_up_profile_announces_its_duration_and_how_to_skip_it(target, tmp_path, monkeypatch, caplog, capsys):
-    monkeypatch.setattr(profiler, "ANNOUNCE_AFTER_S", 0.0)  # a tiny target is fast; pretend it is a slow one
-    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
+    monkeypatch.setattr(step_cost, "ANNOUNCE_AFTER_S", 0.0)  # a tiny target is fast; pretend it is a slow one
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling"):
         profile_step_cost(target, cache_dir=tmp_path, progress=True, **SMALL)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1
@@ -72,13 +76,13 @@ def test_start_up_profile_announces_its_duration_and_how_to_skip_it(target, tmp_
     assert "DSparkEngine(sps=...)" in warnings[0] and "sps_cache_dir=" in warnings[0]
     assert "step-cost profile" in capsys.readouterr().err  # the progress bar
     caplog.clear()
-    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling"):
         profile_step_cost(target, cache_dir=tmp_path, recheck=False, **SMALL)
     assert "cache hit" in caplog.text and "WARNING" not in [r.levelname for r in caplog.records]
 
 
 def test_time_limit_stops_adding_row_counts_and_extrapolates(target, tmp_path, caplog):
-    with caplog.at_level("INFO", logger="hf_dspark.scheduling.step_cost"):
+    with caplog.at_level("INFO", logger="hf_dspark.scheduling"):
         cost = profile_step_cost(target, cache_dir=tmp_path, max_seconds=0.0, **SMALL)
     assert cost.rows == (1,)  # the first row count is always measured
     assert "R > 1 not measured (max_seconds=0.0)" in caplog.text and "refine=True" in caplog.text
