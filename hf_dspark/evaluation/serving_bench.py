@@ -20,7 +20,7 @@ import random
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..speculation.shared_state import LONG_MATCH_TOKENS
@@ -70,7 +70,7 @@ def parse_policy(label: str, threshold: float) -> tuple[str, dict, dict]:
     if label == "scheduled-nolookup":
         return "scheduled", {}, {"lookup": False}
     if label == "lookup-only":
-        return "scheduled", {}, {"lookup": True, "draft": None}
+        return "scheduled", {}, {"lookup": True, "drafter": None}
     return label, {}, {}
 
 
@@ -107,10 +107,12 @@ class ClosedLoop:
     server under steady traffic never sees; the full-load window is that steady state."""
 
     def __init__(self, engine: DSparkEngine, prompts: list[tuple[str, list[int]]], concurrency: int,
-                 num_requests: int, max_new_tokens: int, sampling: dict, min_new_tokens: int | None = None):
+                 num_requests: int, max_new_tokens: int, sampling: dict, min_new_tokens: int | None = None, *,
+                 now: Callable[[], float] = time.perf_counter):
         self.engine, self.prompts, self.concurrency = engine, prompts, concurrency
         self.num_requests, self.max_new_tokens, self.sampling = num_requests, max_new_tokens, sampling
         self.min_new_tokens = min_new_tokens
+        self.now = now  # the machine's clock the loop's own clock advances by (tests hand in a fake one)
         self.clock = 0.0
         self.submitted = 0
         self.inflight: list[tuple[int, object, float]] = []  # (index, handle, submitted at, on the clock)
@@ -125,13 +127,13 @@ class ClosedLoop:
 
     def advance(self) -> None:
         """Top the loop up to ``concurrency`` requests, run one engine step, collect what finished."""
-        start = time.perf_counter()
-        self._top_up(lambda: self.clock + time.perf_counter() - start)
+        start = self.now()
+        self._top_up(lambda: self.clock + self.now() - start)
         if self.full_load is None and len(self.inflight) < self.concurrency:  # a slot idles: nothing left to send
             tokens = sum(len(out.token_ids) for out in self.outputs.values())
             self.full_load = (self.clock, tokens + sum(len(h.token_ids) for _, h, _ in self.inflight))
         self.engine.step()
-        self.clock += time.perf_counter() - start
+        self.clock += self.now() - start
         still = []
         for index, handle, submitted_at in self.inflight:
             if index not in self.first_token and handle.token_ids:
@@ -292,8 +294,8 @@ def run_serving_bench(target, drafter, tokenizer, prompts: list[tuple[str, list[
             loops = []
             for label in labels:
                 name, kwargs, engine_kwargs = parse_policy(label, settings.threshold)
-                draft = engine_kwargs.pop("draft", drafter if name != "none" else None)
-                engine = DSparkEngine(target, draft, name, policy_kwargs=kwargs, sps=sps,
+                engine_drafter = engine_kwargs.pop("drafter", drafter if name != "none" else None)
+                engine = DSparkEngine(target, engine_drafter, name, policy_kwargs=kwargs, sps=sps,
                                       sps_cache_dir=sps_cache_dir, max_running_requests=concurrency,
                                       max_batch_tokens=concurrency * slots,
                                       max_prefill_tokens=settings.max_prefill_tokens, tokenizer=tokenizer,

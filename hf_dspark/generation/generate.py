@@ -11,6 +11,7 @@ for plain decoding. This module only adapts them to a ragged batch and runs
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -23,20 +24,20 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..cpu_kernels import loop_linears
 from ..metrics import DSparkStats
-from ..modeling.architectures import architecture_of
 from ..modeling.draft_cache import DraftCache
 from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
 from ..sampling import pick_tokens
-from ..scheduling.policies import ThresholdPolicy, VerifyPolicy, make_policy
+from ..scheduling.policies import ThresholdPolicy, VerifyPolicy
+from ..speculation.builder import RoundBuilder, holds_croppable_context, raise_if_bad_lookup
 from ..speculation.kv_cache import growing_cache
 from ..speculation.lookup import LookupHistoryKey, LookupProposer
-from ..speculation.shared_state import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, shared_state_for
 from ..speculation.prefix_cache import CachedPrefix, weights_signature
 from ..speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors
 from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end
-from ..speculation.row_tokens import RowTokens
 from ..speculation.round import SpeculativeRound, prefill
+from ..speculation.row_tokens import RowTokens
+from ..speculation.shared_state import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, shared_state_for
 from ..speculation.verification import verify
 
 logger = logging.getLogger(__name__)
@@ -103,31 +104,25 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: 
                step_cost, tokenizer, rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
     """The round one ``generate`` call runs: explicit limits -> the threshold policy (drafter only); otherwise the
     cost-aware scheduler of the call's salt, remembered across calls, with the lookup proposer unless turned off.
-    ``scope`` None: an isolated call (a fresh scheduler and calibrator; no lookup history read or written)."""
-    if lookup not in (True, False, "only"):
-        raise ValueError(f"dspark_lookup must be True, False or 'only' (lookup proposals without the drafter), got "
-                         f"{lookup!r}")
-    explicit = num_tokens is not None or threshold is not None
-    if policy is None and explicit:
+    ``scope`` None: an isolated call (a fresh scheduler and calibrator; no lookup history read or written).
+
+    Assembled by the same builder as the engine's round; what is generate's own: the target's shared lookup
+    history under the salt's key and the salt's calibrator and scheduler (``shared_state.py``), a drafter kept
+    under a policy that never drafts (the prefix cache keeps its context for later calls), and the shared
+    measured step cost for this call's rows."""
+    raise_if_bad_lookup(lookup)
+    if policy is None and (num_tokens is not None or threshold is not None):
         policy = _threshold_policy(drafter, num_tokens, threshold)
-    elif isinstance(policy, str):
-        policy = make_policy(policy)
     shared = shared_state_for(model)
     state = scope if scope is not None else ScopeState()
-    if policy is None:
-        policy = state.policy_for(drafter, lookup)
-    round_drafter = None if lookup == "only" else drafter
+    key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt or DEFAULT_SALT)
+    builder = RoundBuilder(model, drafter, policy if policy is not None else state.policy_for(drafter, lookup),
+                           lookup=lookup, history=shared.history, history_key=key, calibrator=state.calibrator,
+                           keep_idle_drafter=True, sequential_top_k=sequential_top_k, verify_fn=verify)
     width = 1 + max(drafter.config.block_size, LONG_MATCH_TOKENS if lookup else 0)
-    cost = step_cost if step_cost is not None else (lambda: shared.cost_for(model, round_drafter, rows, width))
-    proposer = None
-    if lookup and policy.supports_lookup:
-        key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt or DEFAULT_SALT)
-        proposer = LookupProposer(shared.history, key, max_tokens=max(drafter.config.block_size, 8),
-                                  long_match_tokens=LONG_MATCH_TOKENS)
-    round_ = SpeculativeRound(model, round_drafter, policy, cost=cost, verify_fn=verify,
-                              sequential_top_k=sequential_top_k, observe_time=step_cost is None,
-                              lookup=proposer, calibrator=state.calibrator)
-    return round_, proposer
+    cost = step_cost if step_cost is not None else (
+        lambda: shared.cost_for(model, builder.round_drafter, rows, width))
+    return builder.build(cost, observe_time=step_cost is None)
 
 
 def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
@@ -140,7 +135,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_cpu_linears: bool = True, dspark_tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
-    By default every round is planned by the cost-aware scheduler (``scheduling.policies.ScheduledPolicy``) on
+    By default every round is planned by the cost-aware scheduler (``scheduling.scheduled.ScheduledPolicy``) on
     this machine's measured step cost (profiled once, cached): per row it takes the lookup proposal (drafts
     copied from the row's context or earlier calls' output), the drafter's block, or nothing, and verifies as far as
     it expects to pay, so a call is never much slower than plain decoding. ``dspark_lookup`` (True / False /
@@ -176,21 +171,27 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     _raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
+    lookup_mode = dspark_lookup if dspark_recorder is None else False
+    # lookup only: the drafter never runs, so no context is built for it and the caches kept are a drafter-less
+    # entry (a later drafting call must not take a drafter context that stops at this call's prompt)
+    call.context_drafter = None if lookup_mode == "only" else drafter
     scope = None if dspark_isolate else shared_state_for(model).scope(dspark_cache_salt)
     keeps_prefixes = dspark_prefix_cache and scope is not None
-    prefix_key = _prefix_key(model, drafter, call, cache, dspark_cache_salt) if keeps_prefixes else None
+    prefix_key = (_prefix_key(model, call.context_drafter, call, cache, dspark_cache_salt) if keeps_prefixes
+                  else None)
     weights, reused = (), None
     if prefix_key is not None:
-        weights = weights_signature(model, drafter)
+        weights = weights_signature(model, *[m for m in (call.context_drafter,) if m is not None])
         reused = shared_state_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else growing_cache(model.config)
     do_sample = bool(generation_config.do_sample)
-    linears = loop_linears(dspark_cpu_linears, model, drafter)
-    with linears, TargetFeatureTap(model, drafter.config.target_layer_ids) as tap, torch.no_grad():
+    linears = loop_linears(dspark_cpu_linears, model, call.context_drafter)
+    tap = (TargetFeatureTap(model, drafter.config.target_layer_ids) if call.context_drafter is not None
+           else contextlib.nullcontext())
+    with linears, tap as tap, torch.no_grad():
         batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
         round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
-                                    threshold=dspark_confidence_threshold,
-                                    lookup=dspark_lookup if dspark_recorder is None else False,
+                                    threshold=dspark_confidence_threshold, lookup=lookup_mode,
                                     scope=scope, salt=dspark_cache_salt, step_cost=dspark_step_cost,
                                     tokenizer=dspark_tokenizer, rows=len(call.tokens),
                                     sequential_top_k=dspark_sequential_top_k)
@@ -234,7 +235,7 @@ def _prefix_key(model, drafter, call: "_GenerateCall", cache, salt: str | None):
         return None
     if cache is not None and cache.get_seq_length():
         return None
-    if architecture_of(drafter.config).autoregressive:
+    if not holds_croppable_context(drafter):
         return None
     return shared_state_for(model).prefix_key(salt, drafter)
 
@@ -246,6 +247,7 @@ class _GenerateCall:
     def __init__(self, input_ids, attention_mask, logits_processor, stopping_criteria, generation_config, drafter,
                  streamer, recorder):
         self.input_ids, self.config, self.drafter = input_ids, generation_config, drafter
+        self.context_drafter = drafter  # the drafter whose context the call builds (None: lookup only)
         self.streamer, self.recorder, self.lookup = streamer, recorder, None
         self.mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.long)
         bsz = input_ids.shape[0]
@@ -285,9 +287,11 @@ class _GenerateCall:
         skip, draft_cache = cache.get_seq_length(), DraftCache()
         if reused is not None:
             entry, skip = reused
-            cache, draft_cache = entry.cache, entry.draft_cache
+            cache = entry.cache
+            draft_cache = entry.draft_cache if entry.draft_cache is not None else DraftCache()
         raw, first, draft_cache = prefill(model, self.input_ids[:, skip:], positions[:, skip:], cache,
-                                          pick_first=pick_first, attention_mask=mask, tap=tap, drafter=self.drafter,
+                                          pick_first=pick_first, attention_mask=mask, tap=tap,
+                                          drafter=self.context_drafter,
                                           draft_cache=draft_cache, valid=mask[:, skip:].bool(),
                                           counts=mask[:, skip:].sum(-1).tolist())
         self.stats.prompt_tokens += sum(own_lengths)
@@ -309,9 +313,11 @@ class _GenerateCall:
         return batch, active
 
     def cached_prefix(self, batch: RaggedBatch, drafter, weights: tuple) -> CachedPrefix:
-        """This (batch-1, finished) call's caches and the tokens at their positions, the drafter context complete."""
-        if drafter is not None:
-            batch.flush_context(drafter)
+        """This (batch-1, finished) call's caches and the tokens at their positions, the drafter context complete
+        (no drafter context at all for a lookup-only call)."""
+        if drafter is None:
+            return CachedPrefix(list(self.tokens.host[0]), batch.cache, None, weights)
+        batch.flush_context(drafter)
         return CachedPrefix(list(self.tokens.host[0]), batch.cache, batch.draft_cache, weights)
 
     def processor(self, active: list[int]) -> RowLogitsProcessor:

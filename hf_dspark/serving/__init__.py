@@ -1,54 +1,19 @@
-"""Serving many requests: the continuous-batching engine (engine.py) with its requests and metrics.
+"""Serving many requests: the continuous-batching engine and the requests it serves.
 
-The verify-length policies and the measured step cost it schedules with live in ``hf_dspark.scheduling`` (shared
-with ``generate``); ``hf_dspark.serving.scheduler`` and ``hf_dspark.serving.profiler`` remain importable as the same
-module objects, so earlier imports and patches keep working.
+    engine.py            DSparkEngine: submission, the step loop, decode rounds, retirement, metrics
+    admission.py         admission and prefill: waiting requests, their prefills until they join the batch
+    batch.py             the running batch: one ragged cache, rows joining in place and leaving
+    requests.py          SamplingParams, the engine-side Request, the caller's RequestHandle, validation
+    prefixes.py          the engine's prefix cache per salt
+    step_cost_source.py  the step cost the engine schedules with (given, or measured on first use)
+    fault_isolation.py   which request a failed decode step is traced to
+    processing.py        per-request logits processing over one batch
+    metrics.py           EngineMetrics
+
+The verify-length policies and the measured step cost live in ``hf_dspark.scheduling`` (shared with ``generate``).
 """
 
-import sys
+from .engine import DSparkEngine
+from .requests import FinishReason, RequestHandle, RequestOutput, RequestRejectedError, SamplingParams
 
-from ..scheduling import policies as scheduler
-from ..scheduling import step_cost as profiler
-
-sys.modules[__name__ + ".scheduler"] = scheduler
-sys.modules[__name__ + ".profiler"] = profiler
-
-from ..scheduling import (  # noqa: E402
-    AsyncScheduledPolicy,
-    FixedLengthPolicy,
-    NoSpeculationPolicy,
-    ScheduledPolicy,
-    SPSProfile,
-    StepCostProfile,
-    ThresholdPolicy,
-    VerifyPolicy,
-    available_policies,
-    make_policy,
-    profile_step_cost,
-    profile_verify_sps,
-    register_policy,
-)
-from .engine import DSparkEngine  # noqa: E402
-from .requests import FinishReason, RequestHandle, RequestOutput, RequestRejectedError, SamplingParams  # noqa: E402
-
-__all__ = [
-    "AsyncScheduledPolicy",
-    "DSparkEngine",
-    "FinishReason",
-    "RequestHandle",
-    "RequestOutput",
-    "RequestRejectedError",
-    "SamplingParams",
-    "FixedLengthPolicy",
-    "NoSpeculationPolicy",
-    "SPSProfile",
-    "StepCostProfile",
-    "ScheduledPolicy",
-    "ThresholdPolicy",
-    "VerifyPolicy",
-    "available_policies",
-    "make_policy",
-    "profile_step_cost",
-    "profile_verify_sps",
-    "register_policy",
-]
+__all__ = ["DSparkEngine", "FinishReason", "RequestHandle", "RequestOutput", "RequestRejectedError", "SamplingParams"]

@@ -7,14 +7,14 @@ pile up or when the next round would not fit its slot budget.
 
 A finished request's row is *vacated*, not dropped at once: a request joining in the next step takes its place,
 written in place into the target and drafter caches (right-aligned, its left part holes), so neither the rows
-that stay nor the new one are copied. Dropping a row (``batch_select_indices``) and stacking a new one
-(``stack_rows``) each copy every row's K/V; once speculation staggers requests they finish and join one at a
-time, and those copies cost the engine ~4 % of its time at 16 requests. A joining row wider than the batch (an
-agent's conversation that grew past every other) widens every row to the left first, into free slots the cache
+that stay nor the new one are copied. Why: dropping a row (``batch_select_indices``) and stacking a new one
+(``stack_rows``) each copy every row's K/V, and once speculation staggers requests they finish and join one at a
+time, so a copy of the whole batch per join would be paid at nearly every step. A joining row wider than the batch
+(an agent's conversation that grew past every other) widens every row to the left first, into free slots the cache
 buffers keep before their first slot (``kv_cache.GrowingLayer``), and takes its vacant row all the same; where
 that room runs out it is stacked. Rows left vacant are dropped before the next decode step, the last rows moving
 into their places (``ragged_batch.fill_from_the_end``): only the moved rows are copied, where keeping the rows in
-order copied every row (0.03-0.27 s each time agents finished at 14-16 rows of ~500 slots).
+order copies every row.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..modeling.draft_cache import DraftCache
 from ..speculation.kv_cache import cache_from_tensors, extend_front, front_room
 from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end, stack_draft_rows, stack_rows
-from ..modeling.draft_cache import DraftCache
 from .requests import Request
 
 

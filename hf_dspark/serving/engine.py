@@ -8,9 +8,9 @@ model forwards, the drafter's ``draft_block`` and the one ``verify`` routine tha
 One engine step (paper Algorithm 1 around it):
 
     admit waiting requests within the slot budget -> prefill them (similar lengths together, long ones chunked)
-      -> stack onto the batch
+      -> stack onto the batch                                     (``admission.py``, ``batch.py``)
     draft γ tokens for every running request                      (one batched drafter pass)
-    ℓ_r = policy.choose(calibrated confidences c_{r,j}, drafts available, SPS(B))     (load-aware lengths)
+    ℓ_r = policy.choose(PolicyInputs(calibrated c_{r,j}, drafts available, step cost))  (load-aware lengths)
     one target forward over [anchor_r, x_{r,1..ℓ_r}] for all rows  (padded to 1 + max ℓ; B = Σ(1 + ℓ_r))
     verify() -> commit accepted + recovered/bonus tokens, stream them, stop at EOS / max_new_tokens
     rejected slots become masked holes; drafter context <- target features of the committed positions
@@ -26,6 +26,7 @@ request it can be traced to, and the others resume from their committed tokens (
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -35,20 +36,19 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..cpu_kernels import loop_linears, skinny_applies
-from ..speculation.lookup import LookupHistory, LookupProposer
-from ..speculation.lookup_calibration import LookupCalibrator
-from ..speculation.shared_state import LONG_MATCH_TOKENS, shared_state_for
-from ..speculation.prefix_cache import PREFIX_CACHE_BYTES, CachedPrefix, PrefixCacheStore, weights_signature
-from ..speculation.round import SpeculativeRound
 from ..modeling.architectures import architecture_of
 from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
-from ..scheduling.policies import VerifyPolicy, make_policy
-from ..scheduling.step_cost import SPSProfile, StepCostProfile, profile_step_cost
-from .batch import RunningBatch
+from ..scheduling.policies import VerifyPolicy
+from ..scheduling.cost_tables import SPSProfile, StepCostProfile
+from ..speculation.builder import RoundBuilder, holds_croppable_context
+from ..speculation.lookup import LookupHistory, LookupHistoryKey
+from ..speculation.prefix_cache import PREFIX_CACHE_BYTES
+from .admission import Admission
+from .batch import JoiningRows, RunningBatch
 from .fault_isolation import DecodeQuarantine
 from .metrics import EngineMetrics
-from .prefilling import PrefillMixin
+from .prefixes import RequestPrefixes
 from .processing import BatchLogitsProcessor
 from .requests import (
     FinishReason,
@@ -58,30 +58,25 @@ from .requests import (
     RequestRejectedError,
     SamplingParams,
     encode_prompt,
+    raise_if_never_fits,
+    stop_token_ids,
+    target_stop_token_ids,
 )
+from .step_cost_source import CostSource, EngineStepCost
 
 logger = logging.getLogger(__name__)
 
 Prompt = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
 
 
-def _target_eos_ids(target) -> set[int]:
-    eos = getattr(target.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(target.config.get_text_config(), "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-class DSparkEngine(PrefillMixin):
+class DSparkEngine:
     """Serve many requests at once with a DSpark drafter (see the module docstring for one step).
 
     Args:
         target: the transformers causal LM (full-attention decoder).
-        draft: a ``DSparkDraftModel`` for ``target``; may be None with ``policy="none"``.
+        drafter: a ``DSparkDraftModel`` for ``target``; may be None with ``policy="none"`` (or lookup only).
         policy (`str | VerifyPolicy`, defaults to "scheduled"): verify-length policy name from
-            ``hf_dspark.serving.available_policies()`` (kwargs in ``policy_kwargs``) or an instance.
+            ``hf_dspark.scheduling.available_policies()`` (kwargs in ``policy_kwargs``) or an instance.
         max_batch_tokens (`int`, defaults to 32768): KV slots the running batch may hold, counted as the padded
             cache holds them: admitted requests × the widest reservation (prompt + max_new_tokens + γ + 1).
         max_running_requests (`int`, defaults to 64): requests decoding (or prefilling) at once.
@@ -98,7 +93,7 @@ class DSparkEngine(PrefillMixin):
         log_interval_s (`float`, defaults to 30): how often the engine logs its metrics while busy.
         lookup (`bool`, defaults to True): offer training-free lookup proposals (drafts copied from each request's
             own prompt and output, and from earlier requests of the same ``SamplingParams.cache_salt``) to a
-            policy that can weigh them (``scheduled``); with ``draft=None`` the engine serves lookup only.
+            policy that can weigh them (``scheduled``); with ``drafter=None`` the engine serves lookup only.
         lookup_history_tokens (`int`, defaults to 65536): tokens of finished requests kept for lookup (all salts
             together; 0 = none). Requests share it by default; requests with different ``cache_salt`` never
             (acceptance timing can reveal another user's text: give each user / tenant its own salt), and an
@@ -120,30 +115,27 @@ class DSparkEngine(PrefillMixin):
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
     max_deferred_steps: int = 64
 
-    def __init__(self, target, draft=None, policy: str | VerifyPolicy = "scheduled", *,
+    def __init__(self, target, drafter=None, policy: str | VerifyPolicy = "scheduled", *,
                  policy_kwargs: Mapping | None = None, max_batch_tokens: int = 32768, max_running_requests: int = 64,
-                 max_request_tokens: int | None = None, max_prefill_tokens: int = 1024,
-                 sps: SPSProfile | Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
+                 max_request_tokens: int | None = None, max_prefill_tokens: int = 1024, sps: CostSource = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
                  log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536,
                  prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES, cpu_linears: bool = True):
         raise_if_unsupported_target(target, "DSparkEngine")
-        self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.policy = make_policy(policy, **dict(policy_kwargs or {})) if isinstance(policy, str) else policy
-        block_size = draft.config.block_size if draft is not None else 0
-        self.draft_width = self.policy.max_drafts(block_size) if draft is not None else 0
-        # lookup proposals: up to the block for short matches, LONG_MATCH_TOKENS for a copy in progress
-        self.lookup_width = LONG_MATCH_TOKENS if lookup and self.policy.supports_lookup else 0
-        self.max_proposal = max(self.draft_width, self.lookup_width)  # drafts one row may verify in a round
-        if draft is None and self.policy.max_drafts(1) and not self.lookup_width:
-            raise ValueError(f"verify policy {self.policy.name or type(self.policy).__name__!r} needs a drafter: "
-                             "pass draft=DSparkDraftModel..., use policy='none' for plain continuous batching, or "
-                             "policy='scheduled' with lookup=True for lookup proposals only.")
-        if draft is not None and not architecture_of(draft.config).servable:
-            raise ValueError(f"DSparkEngine cannot serve a {draft.config.drafter_architecture!r} drafter; run it "
-                             "through target.generate(..., assistant_model=draft) instead.")
-        if draft is not None and draft._bound_target[:1] != [target]:
-            draft.bind_target(target)
+        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        # The round is assembled as generate's is (speculation/builder.py); the engine's own: a drafter the policy
+        # never runs is dropped, and the lookup history (bounded by lookup_history_tokens, each request keyed by
+        # its salt) and calibrator are the engine's, not the target's shared ones.
+        builder = RoundBuilder(target, drafter, policy, policy_kwargs=policy_kwargs, lookup=lookup,
+                               max_deferred_rounds=self.max_deferred_steps)
+        if builder.uses_lookup:
+            builder.history = LookupHistory(max_tokens=lookup_history_tokens)
+        self.policy = builder.policy
+        self.draft_width, self.lookup_width = builder.max_drafts, builder.max_lookup
+        self.max_proposal = builder.max_proposal  # drafts one row may verify in a round
+        self._raise_if_unservable_drafter()
+        if drafter is not None and drafter._bound_target[:1] != [target]:
+            drafter.bind_target(target)
         self.device = next(target.parameters()).device
         max_positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or max_batch_tokens
         self.max_batch_tokens = int(max_batch_tokens)
@@ -155,36 +147,44 @@ class DSparkEngine(PrefillMixin):
         self.max_hole_fraction = float(max_hole_fraction)
         self.log_interval_s = float(log_interval_s)
         self._raise_if_invalid_limits()
-        self.default_eos_ids = _target_eos_ids(target)
+        self.default_eos_ids = target_stop_token_ids(target)
         self.cpu_linears = bool(cpu_linears) and skinny_applies(target)
-        self._sps_source, self._sps, self._step_cost, self.sps_cache_dir = sps, None, None, sps_cache_dir
+        self.sps_cache_dir = sps_cache_dir
+        self._cost = EngineStepCost(sps, target=target, drafter=builder.round_drafter,
+                                    max_rows=self.max_running_requests, max_width=1 + max(self.max_proposal, 1),
+                                    cache_dir=sps_cache_dir, kernels=self._linears)
         # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model (and
         # in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
-        self._lookup = (LookupProposer(LookupHistory(max_tokens=lookup_history_tokens), None,
-                                       max_tokens=max(block_size, 8), long_match_tokens=LONG_MATCH_TOKENS)
-                        if self.lookup_width else None)
-        self._round = SpeculativeRound(target, draft if self.draft_width else None, self.policy,
-                                       cost=lambda: self.step_cost, observe_time=sps is None,
-                                       max_deferred_rounds=self.max_deferred_steps, lookup=self._lookup,
-                                       calibrator=LookupCalibrator() if self._lookup is not None else None)
-        # caches a finished request leaves for the next one of its salt (a block drafter's context can be cropped
-        # to any prefix; an autoregressive one's tail state cannot)
-        keeps_prefixes = prefix_cache and not (self._round.drafter is not None
-                                               and architecture_of(draft.config).autoregressive)
-        self._prefixes = PrefixCacheStore(max_bytes=prefix_cache_bytes) if keeps_prefixes else None
+        self._round, self._lookup = builder.build(lambda: self.step_cost, observe_time=self._cost.is_measured)
+        keeps_prefixes = prefix_cache and holds_croppable_context(self._round.drafter)
+        self._prefixes = (RequestPrefixes(target, self._round.drafter, prefix_cache_bytes) if keeps_prefixes
+                          else None)
         self._batch = RunningBatch(target.config, self.device)
         self._request_ids: set[str] = set()  # ids of requests not yet finished (duplicates are refused)
         self._incoming: deque[Request] = deque()
         self._incoming_lock = threading.Lock()
-        self._waiting: deque[Request] = deque()
-        self._prefilling: list[Request] = []
         self._quarantine = DecodeQuarantine()
+        self.engine_metrics = EngineMetrics(max(builder.block_size, 1))
+        self._admission = Admission(target, self._round.drafter, max_running_requests=self.max_running_requests,
+                                    max_batch_tokens=self.max_batch_tokens,
+                                    max_prefill_tokens=self.max_prefill_tokens, max_proposal=self.max_proposal,
+                                    quarantine=self._quarantine, prefixes=self._prefixes,
+                                    metrics=self.engine_metrics, on_finished=self._on_finished)
         self._step_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._last_log = time.perf_counter()
-        self.engine_metrics = EngineMetrics(max(block_size, 1))
+
+    def _raise_if_unservable_drafter(self) -> None:
+        drafter = self.drafter
+        if drafter is None and self.policy.max_drafts(1) and not self.lookup_width:
+            raise ValueError(f"verify policy {self.policy.name or type(self.policy).__name__!r} needs a drafter: "
+                             "pass drafter=DSparkDraftModel..., use policy='none' for plain continuous batching, or "
+                             "policy='scheduled' with lookup=True for lookup proposals only.")
+        if drafter is not None and not architecture_of(drafter.config).servable:
+            raise ValueError(f"DSparkEngine cannot serve a {drafter.config.drafter_architecture!r} drafter; run it "
+                             "through target.generate(..., assistant_model=drafter) instead.")
 
     def _raise_if_invalid_limits(self) -> None:
         for name in ("max_batch_tokens", "max_running_requests", "max_request_tokens", "max_prefill_tokens"):
@@ -195,46 +195,23 @@ class DSparkEngine(PrefillMixin):
                              f"({self.max_proposal + 1}) exceeds max_batch_tokens={self.max_batch_tokens}; raise "
                              "max_batch_tokens or lower max_request_tokens.")
 
-    # ------------------------------------------------------------------------------------------------------
-    # SPS(B)
-    # ------------------------------------------------------------------------------------------------------
+    # -- the step cost ---------------------------------------------------------------------------------------
     @property
     def step_cost(self) -> StepCostProfile:
         """Seconds of one decode step (drafter pass + padded verify); measured (or loaded from the disk cache)
         on first access unless the engine was given a profile or an SPS table."""
-        if self._step_cost is None:
-            source, max_width = self._sps_source, 1 + max(self.max_proposal, 1)
-            if isinstance(source, StepCostProfile):
-                self._step_cost = source
-            elif source is not None:
-                self._step_cost = StepCostProfile.from_sps(self.sps, max_width, self.max_running_requests)
-            else:
-                with self._linears():  # measured with the kernel the steps run
-                    self._step_cost = profile_step_cost(self.target, self.draft if self.draft_width else None,
-                                                        max_rows=self.max_running_requests, max_width=max_width,
-                                                        cache_dir=self.sps_cache_dir)
-        return self._step_cost
+        return self._cost.profile
 
     @property
     def sps(self) -> SPSProfile:
         """SPS(B): the table the engine was given, else the measured step cost read as SPS(B)."""
-        if self._sps is None:
-            source = self._sps_source
-            if isinstance(source, SPSProfile):
-                self._sps = source
-            elif source is not None and not isinstance(source, StepCostProfile):
-                self._sps = SPSProfile.from_user_table(source)
-            else:
-                self._sps = self.step_cost.as_sps()
-        return self._sps
+        return self._cost.sps
 
     def profile_sps(self) -> StepCostProfile:
         """Profile now (e.g. before serving) instead of at the first scheduled step."""
         return self.step_cost
 
-    # ------------------------------------------------------------------------------------------------------
-    # Submission (any thread)
-    # ------------------------------------------------------------------------------------------------------
+    # -- submission (any thread) -------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                eos_token_id: int | Sequence[int] | None = None, request_id: str | None = None,
@@ -251,8 +228,9 @@ class DSparkEngine(PrefillMixin):
                                         top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
                                         cache_salt=cache_salt, isolate=isolate)
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
-            eos = self._eos_ids(params.eos_token_id)
-            self._raise_if_never_fits(ids, params)
+            eos = stop_token_ids(params.eos_token_id, self.default_eos_ids)
+            # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.
+            raise_if_never_fits(ids, params, self.max_request_tokens, self.max_positions)
         except RequestRejectedError:
             self.engine_metrics.rejected_requests += 1
             raise
@@ -268,52 +246,24 @@ class DSparkEngine(PrefillMixin):
             self._request_ids.add(request.request_id)
             self._incoming.append(request)
         self._wake.set()
-        return RequestHandle(request, self)
+        return RequestHandle(request, cancel=functools.partial(self._cancel, request), step=lambda: self.step(),
+                             is_running=lambda: self.is_running, tokenizer=self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
         return self.target.get_input_embeddings().weight.shape[0]
 
-    def _eos_ids(self, eos_token_id) -> set[int]:
-        if eos_token_id is None:
-            return set(self.default_eos_ids)
-        ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set)) else list(eos_token_id)
-        if any(isinstance(e, bool) or not isinstance(e, int) for e in ids):
-            raise RequestRejectedError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
-        return {int(e) for e in ids}
-
-    def _reservation(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """Cache slots a request can occupy at most: prompt, generated tokens, and one round of overshoot."""
-        return num_prompt_tokens + params.max_new_tokens + self.max_proposal + 1
-
-    def _raise_if_never_fits(self, ids: list[int], params: SamplingParams) -> None:
-        # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.
-        problem = None
-        if not ids:
-            problem = "the prompt is empty"
-        elif len(ids) + params.max_new_tokens > self.max_request_tokens:
-            problem = (f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                       f"max_request_tokens={self.max_request_tokens}; shorten the prompt, lower max_new_tokens "
-                       "or raise DSparkEngine(max_request_tokens=...)")
-        elif len(ids) + params.max_new_tokens > self.max_positions:
-            problem = (f"prompt + max_new_tokens = {len(ids) + params.max_new_tokens} exceeds the target's "
-                       f"max_position_embeddings={self.max_positions}")
-        if problem is not None:
-            raise RequestRejectedError(f"request rejected: {problem}")
-
     def _cancel(self, request: Request) -> None:
         request.cancel_requested = True
         self._wake.set()
 
-    # ------------------------------------------------------------------------------------------------------
-    # The loop
-    # ------------------------------------------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def has_work(self) -> bool:
-        return bool(self._incoming or self._waiting or self._prefilling or self._batch.live_requests)
+        return bool(self._incoming or self._admission.has_work or self._batch.live_requests)
 
     def start(self) -> DSparkEngine:
         """Run the engine loop in a background thread (idempotent)."""
@@ -340,11 +290,9 @@ class DSparkEngine(PrefillMixin):
             self._thread = None
         with self._step_lock:
             self._take_incoming()
-            for request in [*self._waiting, *self._prefilling, *self._batch.live_requests]:
+            for request in [*self._admission.take_all(), *self._batch.live_requests]:
                 request.finish(FinishReason.ABORTED)
                 self._on_finished(request)
-            self._waiting.clear()
-            self._prefilling.clear()
             self._batch.keep([])
 
     def __enter__(self) -> DSparkEngine:  # noqa: PYI034 (Self needs Python 3.11)
@@ -374,15 +322,14 @@ class DSparkEngine(PrefillMixin):
         with self._step_lock:
             self._take_incoming()
             self._retire()
-            if not (self._waiting or self._prefilling or len(self._batch)):
+            if not (self._admission.has_work or len(self._batch)):
                 return False
             start = time.perf_counter()
             try:
                 with torch.no_grad(), self._linears(), self._feature_tap() as tap:
-                    self._admit()
-                    joining = self._prefill(tap)
+                    joining = self._prefill_admitted(tap)
                     if joining and self.draft_width:
-                        self._batch.flush_context(self.draft)
+                        self._batch.flush_context(self.drafter)
                     # into vacant rows first; rows left vacant are dropped
                     self.engine_metrics.joined_in_place += self._batch.join(joining)
                     if len(self._batch):
@@ -400,26 +347,38 @@ class DSparkEngine(PrefillMixin):
     def _linears(self):
         """The kernel every forward of a step runs with (``cpu_kernels``), patched for the step only: the caller's
         own use of the target between steps keeps its stock linears."""
-        return loop_linears(self.cpu_linears, self.target, self.draft)
+        return loop_linears(self.cpu_linears, self.target, self.drafter)
 
     def _feature_tap(self):
         if not self.draft_width:
             return contextlib.nullcontext(None)
-        return TargetFeatureTap(self.target, self.draft.config.target_layer_ids)
+        return TargetFeatureTap(self.target, self.drafter.config.target_layer_ids)
 
     def _take_incoming(self) -> None:
         with self._incoming_lock:
-            self._waiting.extend(self._incoming)
+            self._admission.add(self._incoming)
             self._incoming.clear()
+
+    def _prefill_admitted(self, tap) -> list[JoiningRows]:
+        """Admit waiting requests, advance the prefills; the requests whose prompts are done, ready to join (each
+        indexed for lookup from its first token on; a request resuming after a failed step still is)."""
+        self._admission.admit(self._batch.live_requests)
+        joining = self._admission.prefill(tap)
+        if self._lookup is not None:
+            for request in (r for group in joining for r in group.requests if not r.lookup_row):
+                salt = request.params.cache_salt
+                key = (None if request.params.isolate else
+                       LookupHistoryKey.for_model(self.target, self.tokenizer, salt or ""))
+                self._lookup.start_row(request.request_id, request.prompt_ids + request.tokens, history_key=key)
+                request.lookup_row = True
+        return joining
 
     def _retire(self) -> None:
         """End cancelled requests wherever they are; vacate finished rows of the batch (a request joining next
         takes the row in place, ``RunningBatch.join``; rows left vacant are dropped before the next decode)."""
-        for queue in (self._waiting, self._prefilling):
-            for request in [r for r in queue if r.cancel_requested]:
-                queue.remove(request)
-                request.finish(FinishReason.CANCELLED)
-                self._on_finished(request)
+        for request in self._admission.take_cancelled():
+            request.finish(FinishReason.CANCELLED)
+            self._on_finished(request)
         leaving = []
         for row, request in enumerate(self._batch.requests):
             if row in self._batch.vacant:
@@ -427,41 +386,11 @@ class DSparkEngine(PrefillMixin):
             if request.cancel_requested and not request.is_finished:
                 request.finish(FinishReason.CANCELLED)
             if request.is_finished:
-                self._keep_prefix(row, request)
+                if self._prefixes is not None:
+                    self._prefixes.keep(self._batch, row, request)
                 self._on_finished(request)
                 leaving.append(row)
         self._batch.vacate(leaving)
-
-    # -- the prefix cache (per salt) ----------------------------------------------------------------------------
-    def _prefix_key(self, request: Request):
-        """Where a request's caches are kept / looked up, or None (an isolated request, or the engine keeps none)."""
-        if self._prefixes is None or request.params.isolate:
-            return None
-        return shared_state_for(self.target).prefix_key(request.params.cache_salt, self._round.drafter)
-
-    def _weights(self) -> tuple:
-        drafter = self._round.drafter
-        return weights_signature(self.target, *([drafter] if drafter is not None else []))
-
-    def _keep_prefix(self, row: int, request: Request) -> None:
-        """A completed request's caches serve its salt's next request (never a cancelled or failed one's)."""
-        key = self._prefix_key(request)
-        if key is None or request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
-            return
-        with torch.no_grad():  # retiring runs outside the step's no_grad block; the drafter projects here
-            cache, draft_cache = self._batch.row_caches(row, self._round.drafter)
-        self._prefixes.put(key, CachedPrefix(request.prompt_ids + request.tokens, cache, draft_cache,
-                                             self._weights()))
-
-    def _reused_prefix(self, request: Request) -> tuple[CachedPrefix, int] | None:
-        """The salt's kept caches cropped to what this request's prompt shares with them (None: prefill all)."""
-        key = self._prefix_key(request)
-        if key is None or request.tokens:  # a request resuming after a failed step prefills afresh
-            return None
-        hit = self._prefixes.take(key, request.prompt_ids, self._weights())
-        if hit is not None:
-            self.engine_metrics.reused_prompt_tokens += hit[1]
-        return hit
 
     def _on_finished(self, request: Request) -> None:
         if self._lookup is not None and getattr(request, "lookup_row", False):
@@ -475,15 +404,12 @@ class DSparkEngine(PrefillMixin):
 
     def _fail_running(self, err: BaseException) -> None:
         """A failed step ends the requests it touched (prefilling and running); waiting ones stay queued."""
-        for request in [*self._prefilling, *self._batch.live_requests]:
+        for request in [*self._admission.take_prefilling(), *self._batch.live_requests]:
             request.finish(FinishReason.ERROR, error=err)
             self._on_finished(request)
-        self._prefilling.clear()
         self._batch.keep([])
 
-    # ------------------------------------------------------------------------------------------------------
-    # One speculative round for the whole batch (the round generate runs too)
-    # ------------------------------------------------------------------------------------------------------
+    # -- one speculative round for the whole batch (the round generate runs too) -------------------------------
     def _decode_isolating_faults(self, tap) -> None:
         """A decode step; if it fails, the batch (its cache may be half-written) is dropped, the request the
         failure is traced to fails, and the others resume from their committed tokens (see DecodeQuarantine)."""
@@ -502,7 +428,7 @@ class DSparkEngine(PrefillMixin):
             else:
                 logger.error("decode step failed (%s: %s); its %d requests resume one at a time to find the cause",
                              type(err).__name__, err, len(resume))
-            self._waiting.extendleft(reversed(resume))  # first in line, in their order
+            self._admission.resume_first(resume)
             return
         self._quarantine.after_success(self._batch.requests)
 
@@ -510,7 +436,7 @@ class DSparkEngine(PrefillMixin):
         batch, metrics = self._batch, self.engine_metrics
         # the batch may grow as wide as its share of max_batch_tokens (its memory bound) before it must compact;
         # at least its widest reservation, which admission guarantees a compacted batch fits
-        slot_budget = max(max(self._reservation(r.num_prompt_tokens, r.params) for r in batch.requests),
+        slot_budget = max(max(self._admission.reservation(r) for r in batch.requests),
                           self.max_batch_tokens // len(batch))
         if batch.compact_if_needed(1 + self.max_proposal, slot_budget, self.max_hole_fraction):
             metrics.compactions += 1
@@ -545,16 +471,15 @@ class DSparkEngine(PrefillMixin):
                      metrics.decode_steps, len(committed), len(committed) + sum(result.lengths), result.width,
                      sum(result.num_accepted), sum(committed))
 
-    # ------------------------------------------------------------------------------------------------------
-    # Metrics
-    # ------------------------------------------------------------------------------------------------------
+    # -- metrics -----------------------------------------------------------------------------------------------
     def metrics(self) -> dict:
         """Engine counters and latency means (see ``EngineMetrics``), plus the current queue sizes."""
         out = self.engine_metrics.to_dict()
         out.update(policy=getattr(self.policy, "name", type(self.policy).__name__), draft_width=self.draft_width,
-                   waiting=len(self._waiting) + len(self._incoming), prefilling=len(self._prefilling),
+                   waiting=len(self._admission.waiting) + len(self._incoming),
+                   prefilling=len(self._admission.prefilling),
                    running=len(self._batch.live_requests), cache_slots=self._batch.num_slots,
-                   reserved_slots=self._reserved_slots())
+                   reserved_slots=self._admission.reserved_slots(self._batch.live_requests))
         return out
 
     def log_metrics(self) -> None:

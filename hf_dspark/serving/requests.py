@@ -13,9 +13,8 @@ import itertools
 import numbers
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation.logits_process import (
@@ -24,9 +23,6 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-
-if TYPE_CHECKING:
-    from .engine import DSparkEngine
 
 _REQUEST_IDS = itertools.count()
 
@@ -66,6 +62,45 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> list[int]:
         raise RequestRejectedError(f"prompt token id {out_of_range[0]} is outside the target's vocabulary "
                                    f"[0, {vocab_size}) ({len(out_of_range)} such ids)")
     return [int(t) for t in ids]
+
+
+def target_stop_token_ids(target) -> set[int]:
+    """The target's own end-of-sequence ids (its generation config's, else its config's): requests stop at them
+    unless they give their own."""
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(target.config.get_text_config(), "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def stop_token_ids(eos_token_id, default: set[int]) -> set[int]:
+    """A request's stop tokens: its ``eos_token_id`` (an int or a list of ints; an empty list never stops early),
+    or ``default`` (the target's) when None."""
+    if eos_token_id is None:
+        return set(default)
+    ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set)) else list(eos_token_id)
+    if any(isinstance(e, bool) or not isinstance(e, int) for e in ids):
+        raise RequestRejectedError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    return {int(e) for e in ids}
+
+
+def raise_if_never_fits(ids: list[int], params: SamplingParams, max_request_tokens: int, max_positions: int) -> None:
+    """Refuse a request no engine step could ever serve: an empty prompt, or prompt + max_new_tokens beyond the
+    engine's ``max_request_tokens`` or the target's positions."""
+    problem = None
+    if not ids:
+        problem = "the prompt is empty"
+    elif len(ids) + params.max_new_tokens > max_request_tokens:
+        problem = (f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                   f"max_request_tokens={max_request_tokens}; shorten the prompt, lower max_new_tokens "
+                   "or raise DSparkEngine(max_request_tokens=...)")
+    elif len(ids) + params.max_new_tokens > max_positions:
+        problem = (f"prompt + max_new_tokens = {len(ids) + params.max_new_tokens} exceeds the target's "
+                   f"max_position_embeddings={max_positions}")
+    if problem is not None:
+        raise RequestRejectedError(f"request rejected: {problem}")
 
 
 class FinishReason(str, enum.Enum):
@@ -189,7 +224,7 @@ class Request:
         self.error: BaseException | None = None
         self.cancel_requested = False
         self.num_rounds = 0
-        self.prefill = None  # the engine's prefill state while the prompt is being processed
+        self.prefill = None  # admission's prefill state while the prompt is being processed
         self.lookup_row = False  # the engine's lookup proposer indexes this request
 
     @property
@@ -263,13 +298,22 @@ class Request:
 class RequestHandle:
     """What ``engine.submit`` returns: iterate it to stream token ids, ``result()`` to wait, ``cancel()`` to stop.
 
-    Without a running engine thread (``engine.start()``), waiting drives ``engine.step()`` from the caller's
+    Without a running engine thread (``engine.start()``), waiting drives the engine's steps from the caller's
     thread, so single-threaded use needs no loop of its own.
+
+    Args:
+        request: the engine-side request (read only, under its condition).
+        cancel: asks the engine to stop the request at its next step boundary.
+        step: runs one engine step from the caller's thread (False: the engine had nothing to do).
+        is_running: whether an engine thread runs the steps (waiting then only waits).
+        tokenizer: decodes ``RequestOutput.text`` (None: no text).
     """
 
-    def __init__(self, request: Request, engine: DSparkEngine):
+    def __init__(self, request: Request, *, cancel: Callable[[], None], step: Callable[[], bool],
+                 is_running: Callable[[], bool], tokenizer=None):
         self._request = request
-        self._engine = engine
+        self._cancel, self._step, self._is_running = cancel, step, is_running
+        self._tokenizer = tokenizer
 
     @property
     def request_id(self) -> str:
@@ -290,7 +334,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Stop generating at the next step boundary; the tokens produced so far are kept."""
-        self._engine._cancel(self._request)
+        self._cancel()
 
     def _wait(self, predicate, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -299,7 +343,7 @@ class RequestHandle:
             with request.condition:
                 if predicate():
                     return True
-                if self._engine.is_running:
+                if self._is_running():
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
@@ -307,7 +351,7 @@ class RequestHandle:
                     continue
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            if not self._engine.step() and not predicate():
+            if not self._step() and not predicate():
                 raise RuntimeError(f"request {request.request_id} cannot progress: the engine has no work for it "
                                    "(was it stopped?)")
 
@@ -330,7 +374,7 @@ class RequestHandle:
         if not self._wait(lambda: self._request.is_finished, timeout):
             raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
         self._raise_if_failed()
-        return self._request.output(self._engine.tokenizer)
+        return self._request.output(self._tokenizer)
 
     def _raise_if_failed(self) -> None:
         if self._request.finish_reason is FinishReason.ERROR:

@@ -11,11 +11,34 @@ from hf_dspark.evaluation.serving_bench import (ServingBenchSettings, median_ove
                                                 run_serving_bench, serving_prompts, summary_table)
 
 
+class StepClock:
+    """A fake clock for :class:`ClosedLoop`: it stands still except while an engine it was attached to steps, and
+    each step of that engine advances it by the seconds given for it. Timings become exact counts of steps."""
+
+    def __init__(self):
+        self.time = 0.0
+        self.steps: dict[int, int] = {}  # id(engine) -> steps it ran
+
+    def __call__(self) -> float:
+        return self.time
+
+    def attach(self, engine, seconds_per_step: float):
+        step = engine.step
+
+        def timed_step():
+            self.time += seconds_per_step
+            self.steps[id(engine)] = self.steps.get(id(engine), 0) + 1
+            return step()
+
+        engine.step = timed_step
+        return engine
+
+
 def test_policy_labels():
     assert parse_policy("fixed3", 0.4) == ("fixed", {"num_tokens": 3}, {})
     assert parse_policy("threshold", 0.4) == ("threshold", {"threshold": 0.4}, {})
     assert parse_policy("scheduled-async", 0.4) == ("scheduled-async", {}, {})
-    assert parse_policy("lookup-only", 0.4) == ("scheduled", {}, {"lookup": True, "draft": None})
+    assert parse_policy("lookup-only", 0.4) == ("scheduled", {}, {"lookup": True, "drafter": None})
     assert parse_policy("scheduled-nolookup", 0.4) == ("scheduled", {}, {"lookup": False})
 
 
@@ -73,23 +96,27 @@ def test_prompts_interleave_benchmarks_and_skip_long_ones(tmp_path):
 def test_full_load_window_ends_when_a_slot_first_goes_idle(tiny_target, tiny_drafter):
     """3 equal requests at C = 2 under plain steps: the first two finish together, the third then runs alone, so
     the full-load window holds exactly the first two requests' tokens (and ends before the run does)."""
-    from hf_dspark.evaluation.serving_bench import run_level
+    from hf_dspark.evaluation.serving_bench import ClosedLoop
     from hf_dspark.serving import DSparkEngine
 
-    engine = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
-    record = run_level(engine, [("a", [5, 17, 33]), ("b", [8, 9, 10])], concurrency=2, num_requests=3,
-                       max_new_tokens=6, sampling={})
+    clock = StepClock()  # one second per engine step: the windows are counts of steps
+    engine = clock.attach(DSparkEngine(tiny_target, None, "none", max_running_requests=2), 1.0)
+    loop = ClosedLoop(engine, [("a", [5, 17, 33]), ("b", [8, 9, 10])], concurrency=2, num_requests=3,
+                      max_new_tokens=6, sampling={}, now=clock)
+    while not loop.done:
+        loop.advance()
+    record = loop.record()
     assert record["generated_tokens"] == 18
     assert record["full_load_tokens"] == 12
-    assert 0 < record["full_load_s"] < record["wall_s"]
+    assert record["wall_s"] == clock.steps[id(engine)]
+    assert 0 < record["full_load_s"] < record["wall_s"] and record["full_load_s"] == int(record["full_load_s"])
     assert record["full_load_throughput"] == pytest.approx(12 / record["full_load_s"])
 
 
 def test_lock_step_arms_keep_their_own_clocks_and_outputs(tiny_target, tiny_drafter):
     """Interleaved loops serve the same tokens as loops run one after another, and an arm's clock holds only its
-    own steps: slowing one engine's steps does not slow the other arm's numbers."""
-    import time
-
+    own steps: slowing one engine's steps does not slow the other arm's numbers (one clock for both arms that only
+    the engines' steps advance, the slow arm's by 50 ms a step, the fast arm's by 1 ms)."""
     from hf_dspark.evaluation.serving_bench import ClosedLoop, run_interleaved, run_level
     from hf_dspark.serving import DSparkEngine
 
@@ -97,16 +124,18 @@ def test_lock_step_arms_keep_their_own_clocks_and_outputs(tiny_target, tiny_draf
     sps = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}
     alone = run_level(DSparkEngine(tiny_target, tiny_drafter, "fixed", policy_kwargs={"num_tokens": 2}, sps=sps,
                                    max_running_requests=2), prompts, 2, 4, 6, {})
-    slow = DSparkEngine(tiny_target, None, "none", max_running_requests=2)
-    step = slow.step
-    slow.step = lambda: (time.sleep(0.05), step())[1]
-    fast = DSparkEngine(tiny_target, tiny_drafter, "fixed", policy_kwargs={"num_tokens": 2}, sps=sps,
-                        max_running_requests=2)
-    records = run_interleaved([ClosedLoop(slow, prompts, 2, 4, 6, {}), ClosedLoop(fast, prompts, 2, 4, 6, {})])
+    clock = StepClock()
+    slow = clock.attach(DSparkEngine(tiny_target, None, "none", max_running_requests=2), 0.05)
+    fast = clock.attach(DSparkEngine(tiny_target, tiny_drafter, "fixed", policy_kwargs={"num_tokens": 2}, sps=sps,
+                                     max_running_requests=2), 0.001)
+    records = run_interleaved([ClosedLoop(slow, prompts, 2, 4, 6, {}, now=clock),
+                               ClosedLoop(fast, prompts, 2, 4, 6, {}, now=clock)])
     assert [r["outputs"] for r in records] == [alone["outputs"]] * 2  # greedy: the same tokens every way
     slow_record, fast_record = records
+    assert slow_record["wall_s"] == pytest.approx(0.05 * clock.steps[id(slow)])  # its own steps, nothing else
+    assert fast_record["wall_s"] == pytest.approx(0.001 * clock.steps[id(fast)])
     assert slow_record["wall_s"] >= 0.05 * slow_record["decode_steps"]
-    assert fast_record["wall_s"] < 0.05 * slow_record["decode_steps"] / 2  # none of the slow arm's sleeps
+    assert fast_record["wall_s"] < 0.05 * slow_record["decode_steps"] / 2  # none of the slow arm's steps
     assert fast_record["throughput"] == pytest.approx(fast_record["generated_tokens"] / fast_record["wall_s"])
     assert all(r["per_user_tps"] > 0 and 0 < r["mean_ttft_s"] <= r["wall_s"] for r in records)
 

@@ -8,7 +8,7 @@ import torch
 from conftest import make_tiny_llama, make_tiny_qwen3
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.modeling.modeling import DraftBlock
+from hf_dspark.modeling.drafting import DraftBlock
 
 VOCAB = 96
 NUM_PROMPTS = 20
@@ -247,3 +247,43 @@ def test_min_length_in_a_padded_batch_matches_plain_batched_generate(target, dra
     plain = target.generate(ids, attention_mask=mask, **kwargs)[:, ids.shape[1]:]
     ours = target.generate(ids, attention_mask=mask, assistant_model=draft, **kwargs)[:, ids.shape[1]:]
     assert ours.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("policy,lookup", [("scheduled", True), ("scheduled", False), ("fixed", True),
+                                           ("none", False)])
+def test_generate_and_the_engine_build_equivalent_rounds(target, draft, policy, lookup):
+    """Both entry points assemble their round with ``speculation/builder.py``: for the same drafter, policy,
+    lookup setting and step cost they get the same round. Only the differences the builder names remain: generate
+    reads and writes the target's shared lookup history under the salt's key with the salt's calibrator, and keeps
+    a drafter its policy never runs; the engine has a history and calibrator of its own and drops such a drafter."""
+    from conftest import flat_cost
+
+    from hf_dspark.generation.generate import _round_for
+    from hf_dspark.serving import DSparkEngine
+    from hf_dspark.speculation.shared_state import shared_state_for
+
+    cost = flat_cost()
+    scope = shared_state_for(target).scope("builder")
+    ours, proposer = _round_for(target, draft, policy=policy, num_tokens=None, threshold=None, lookup=lookup,
+                                scope=scope, salt="builder", step_cost=cost, tokenizer=None, rows=1,
+                                sequential_top_k=None)
+    engine = DSparkEngine(target, draft, policy, sps=cost, lookup=lookup)
+    theirs = engine._round
+    assert type(ours.policy) is type(theirs.policy) and ours.policy is not theirs.policy
+    assert ours.max_drafts == theirs.max_drafts
+    assert ours.cost is theirs.cost is cost and ours.observe_time is theirs.observe_time is False
+    assert ours.verify_fn is theirs.verify_fn and ours.max_deferred_rounds == theirs.max_deferred_rounds
+    assert ours.sequential_top_k is theirs.sequential_top_k is None
+    assert ours.drafter is draft  # kept under a policy that never drafts ("none"); the engine drops it there
+    assert theirs.drafter is (draft if ours.max_drafts else None)
+    assert theirs.block_size == (ours.block_size if ours.max_drafts else 0)
+    assert (proposer is None) == (engine._lookup is None) == (not (lookup and ours.policy.supports_lookup))
+    assert ours.lookup is proposer and theirs.lookup is engine._lookup
+    if proposer is not None:
+        assert (proposer.max_tokens, proposer.long_match_tokens) == (engine._lookup.max_tokens,
+                                                                     engine._lookup.long_match_tokens)
+        assert proposer.history is shared_state_for(target).history and engine._lookup.history is not None
+        assert engine._lookup.history is not proposer.history
+        assert proposer.history_key.scope == "builder" and engine._lookup.history_key is None  # rows give theirs
+        assert ours.calibrator is scope.calibrator and theirs.calibrator is not None
+        assert theirs.calibrator is not scope.calibrator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.modeling.draft_cache import DraftCache
 from hf_dspark.serving.batch import RunningBatch
 
 

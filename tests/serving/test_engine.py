@@ -19,9 +19,9 @@ from transformers.generation.logits_process import LogitsProcessorList
 from hf_dspark import DSparkDraftModel
 from hf_dspark.speculation import kv_cache
 from hf_dspark.speculation.ragged_batch import cache_kwarg
-from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.modeling.draft_cache import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap
-from hf_dspark.serving import SPSProfile, StepCostProfile
+from hf_dspark.scheduling import SPSProfile, StepCostProfile
 from hf_dspark.serving.engine import DSparkEngine
 from hf_dspark.serving.requests import (
     FinishReason,
@@ -165,8 +165,7 @@ def test_short_prompts_admitted_together_share_one_prefill_forward(target, draft
         engine.submit(prompt, max_new_tokens=8)
     engine._take_incoming()
     with engine._feature_tap() as tap:
-        engine._admit()
-        joining = engine._prefill(tap)
+        joining = engine._prefill_admitted(tap)
     assert engine.engine_metrics.prefill_forwards == 1 and len(joining) == 1
     group = joining[0]
     assert [r.prompt_ids for r in group.requests] == group_prompts
@@ -214,8 +213,7 @@ def test_prompts_of_very_different_lengths_are_prefilled_in_separate_groups(targ
     handles = [engine.submit(prompt, max_new_tokens=6) for prompt in prompts]
     engine._take_incoming()
     with engine._feature_tap() as tap:
-        engine._admit()
-        joining = engine._prefill(tap)
+        joining = engine._prefill_admitted(tap)
     assert engine.engine_metrics.prefill_forwards == 2
     assert sorted(len(group.requests) for group in joining) == [1, 3]
     engine._batch.join(joining)
@@ -342,7 +340,7 @@ def test_an_unwritable_step_cost_cache_folder_fails_no_request(target, draft, pr
     (tmp_path / "a-file").write_text("")
     engine = DSparkEngine(target, draft, "scheduled", sps_cache_dir=str(tmp_path / "a-file" / "sub"),
                           max_running_requests=2)
-    with caplog.at_level("WARNING", logger="hf_dspark.scheduling.step_cost"), engine:
+    with caplog.at_level("WARNING", logger="hf_dspark.scheduling"), engine:
         handles = [engine.submit(p, 8) for p in prompts[:3]]
         assert [h.result(timeout=120).token_ids for h in handles] == [continuations[tuple(p)][:8]
                                                                        for p in prompts[:3]]
@@ -538,8 +536,8 @@ def test_each_request_is_scheduled_on_its_own_modes_calibration(target, draft, p
     engine = make_engine(target, draft, "fixed", max_running_requests=10)
     seen = []
     choose = engine.policy.choose
-    monkeypatch.setattr(engine.policy, "choose", lambda confidence, *a, **k: seen.append(
-        (confidence.clone(), [not r.params.do_sample for r in engine._batch.requests])) or choose(confidence, *a, **k))
+    monkeypatch.setattr(engine.policy, "choose", lambda inputs: seen.append(
+        (inputs.confidences.clone(), [not r.params.do_sample for r in engine._batch.requests])) or choose(inputs))
     for i, prompt in enumerate(prompts[:6]):
         engine.submit(prompt, 8, do_sample=bool(i % 2), seed=i)
     while engine.step():
@@ -665,8 +663,7 @@ def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, pro
         engine.submit(joiner, 5)
         engine._take_incoming()
         with engine._feature_tap() as tap:
-            engine._admit()
-            joining = engine._prefill(tap)
+            joining = engine._prefill_admitted(tap)
             engine._batch.flush_context(draft)
             assert engine._batch.join(joining) == int(in_place)
         batch = engine._batch

@@ -123,7 +123,7 @@ def test_kept_caches_equal_a_fresh_prefill_of_the_same_tokens(target, draft):
                engine.submit(list(range(50, 60)), 20, cache_salt="bob")]
     outputs = [handle.result() for handle in handles]
     alice = shared_state_for(target).prefix_key("alice", draft)
-    (entry,) = [entry for key, entry in engine._prefixes._entries.values() if key == alice]
+    (entry,) = [entry for key, entry in engine._prefixes.store._entries.values() if key == alice]
     tokens = list(range(3, 40)) + outputs[0].token_ids
     assert entry.token_ids == tokens and entry.num_tokens == len(tokens) - 1  # the last token is the anchor
     n = entry.num_tokens
@@ -143,7 +143,7 @@ def test_kept_caches_hold_no_autograd_graph(target, draft):
     """Retiring runs outside the decode step's no_grad block: the kept K/V must not drag an autograd graph along."""
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
     engine.submit(list(range(3, 40)), 9, cache_salt="alice").result()
-    ((_, entry),) = engine._prefixes._entries.values()
+    ((_, entry),) = engine._prefixes.store._entries.values()
     tensors = [t for layer in entry.cache.layers for t in (layer.keys, layer.values)]
     tensors += entry.draft_cache.keys + entry.draft_cache.values
     assert not any(t.requires_grad for t in tensors)

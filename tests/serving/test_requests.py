@@ -1,17 +1,21 @@
-"""Requests are validated at submit (a bad one never reaches a step shared with others), and a request whose
-prefill fails inside the engine fails alone: the requests beside it complete and equal plain greedy."""
+"""Requests are validated at submit (a bad one never reaches a step shared with others), a handle reaches its engine
+only through the callbacks it is given, and a request whose prefill fails inside the engine fails alone: the
+requests beside it complete and equal plain greedy."""
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 
 import pytest
 import torch
 from conftest import make_tiny_llama
 
 from hf_dspark import DSparkDraftModel, DSparkEngine
-from hf_dspark.serving import SPSProfile
-from hf_dspark.serving.requests import FinishReason, RequestRejectedError, SamplingParams
+from hf_dspark.scheduling import SPSProfile
+from hf_dspark.serving import requests as requests_module
+from hf_dspark.serving.requests import FinishReason, Request, RequestHandle, RequestRejectedError, SamplingParams
 
 SPS = SPSProfile.from_user_table({1: 100.0, 64: 50.0})
 
@@ -79,6 +83,38 @@ def test_duplicate_request_ids_are_refused_while_the_first_runs(target, draft):
 def test_sampling_params_are_checked_on_their_own(target):
     with pytest.raises(RequestRejectedError, match="max_new_tokens must be an int"):
         SamplingParams(max_new_tokens=2.5)
+
+
+def test_a_handle_cancels_through_its_callback():
+    """A handle reaches the engine only through the callbacks it is given: ``cancel()`` calls its cancel callback
+    (the callback, not the handle, flags the request), and waiting steps through its step callback."""
+    request = Request([5, 9, 7], SamplingParams(max_new_tokens=4), {2})
+    calls = []
+    handle = RequestHandle(request, cancel=lambda: calls.append("cancel"), step=lambda: calls.append("step") or False,
+                           is_running=lambda: False)
+    handle.cancel()
+    assert calls == ["cancel"] and not request.cancel_requested and not handle.done()
+    with pytest.raises(RuntimeError, match="cannot progress"):  # nothing steps it to the end: the callback said so
+        handle.result()
+    assert calls == ["cancel", "step"]
+    request.finish(FinishReason.CANCELLED)
+    assert handle.result().finish_reason is FinishReason.CANCELLED and handle.result().text is None
+
+
+def test_an_engine_handle_holds_a_cancel_callback_not_the_engine(target, draft):
+    """The engine hands each handle callbacks (no import of the engine in requests.py, no engine on the handle);
+    cancelling through it ends the request at the next step boundary with a prefix of plain greedy."""
+    assert not any(isinstance(node, ast.ImportFrom) and node.module == "engine"
+                   for node in ast.walk(ast.parse(inspect.getsource(requests_module))))
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    handle = engine.submit([5, 9, 7], 12)
+    assert not any(isinstance(value, DSparkEngine) for value in vars(handle).values())
+    engine.step()  # the prefill and one round: at most 1 + γ of the 12 tokens
+    handle.cancel()
+    out = handle.result()
+    assert out.finish_reason is FinishReason.CANCELLED and 0 < len(out.token_ids) < 12
+    assert out.token_ids == greedy(target, [5, 9, 7], 12)[:len(out.token_ids)]
+    assert engine.metrics()["finished_requests"] == {"cancelled": 1}
 
 
 @pytest.mark.parametrize("grouped", [True, False])
