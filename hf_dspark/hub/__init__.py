@@ -1,4 +1,8 @@
-"""Sharing drafters: Hub uploads with generated model cards, and export to the speculators / vLLM format."""
+"""Sharing drafters: Hub uploads with generated model cards, and export to the speculators / vLLM format.
+
+Importing hub registers :func:`push_to_hub` as what ``DSparkDraftModel.push_to_hub`` calls (see
+``modeling/publishing.py``); ``hf_dspark/__init__.py`` imports it.
+"""
 
 from .describe import CheckpointReport, describe_checkpoint
 from .export import SpeculatorsExportError, convert_checkpoint, save_as_speculators, speculators_export_problems

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..modeling.architectures import architecture_of, has_sequential_head, method_label
-from ..modeling.checkpoint_loading import CheckpointError, LoadPlan, plan_load
+from ..modeling.checkpoint_files import CheckpointError, read_config, resolve_checkpoint_dir
+from ..modeling.checkpoint_loading import LoadPlan, plan_load
+from ..modeling.dialects import detect_dialect
+from ..modeling.modeling import DSparkDraftModel
+from .export import speculators_export_problems
 
 
 @dataclass
@@ -123,17 +127,11 @@ def describe_checkpoint(path, target=None, **kwargs) -> CheckpointReport:
     ``target`` is needed only for formats that do not record the target's shape (transformers' DFlash assistants)
     or its layer count (some DeepSpec configs); the report says so when it is missing.
     """
-    from ..modeling.modeling import DSparkDraftModel
-    from .export import speculators_export_problems
-
     try:
         plan = plan_load(DSparkDraftModel, path, target=target, **kwargs)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         dialect = None
         try:
-            from ..modeling.checkpoint_files import read_config, resolve_checkpoint_dir
-            from ..modeling.dialects import detect_dialect
-
             dialect = detect_dialect(read_config(resolve_checkpoint_dir(path, **kwargs)), path).name
         except Exception:  # the report names the first problem either way
             pass

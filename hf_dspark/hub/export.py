@@ -51,6 +51,7 @@ import torch
 from ..modeling.architectures import architecture_of, has_sequential_head
 from ..modeling.configuration import DSparkConfig
 from ..modeling.families import PORTABLE_LAYER_STYLE, TARGET_LAYER_STYLE
+from ..modeling.modeling import DSparkDraftModel
 
 logger = logging.getLogger(__name__)
 
@@ -313,8 +314,6 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *, to: st
     ``include_target_weights=True``; its name is also the verifier when neither ``verifier_name_or_path`` nor the
     drafter names one.
     """
-    from ..modeling.modeling import DSparkDraftModel
-
     try:
         writer = CHECKPOINT_WRITERS[to]
     except KeyError:

@@ -228,7 +228,6 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
     calibrated = (offsets is not None or bool(temperatures and any(t != 1.0 for t in temperatures))
                   or greedy_temperatures is not None)
     columns, rows = _tau_table(info.evaluation)
-    head = config.sequential_head
     return {
         "hf_dspark_version": __version__, "model_id": repo_id or "<your-org>/<drafter>",
         "model_name": (repo_id or "dspark-drafter").split("/")[-1], "method": method_name(config),

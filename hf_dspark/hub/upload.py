@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..modeling.publishing import register_hub_uploader
 from .model_card import DraftCardInfo, render_model_card
 
 logger = logging.getLogger(__name__)
@@ -52,3 +53,7 @@ def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commi
                                  commit_message=commit_message or "Upload DSpark drafter",
                                  commit_description=commit_description, token=token, revision=revision,
                                  create_pr=create_pr)
+
+
+# DSparkDraftModel.push_to_hub uploads through this (modeling/publishing.py says why it is registered, not imported).
+register_hub_uploader(push_to_hub)

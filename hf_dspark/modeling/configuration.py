@@ -55,8 +55,9 @@ class DSparkConfig(PretrainedConfig):
             temperature, c_k = σ(z_k / T_k + b_k) (our STS extension, see `training.calibration`); `None` = 0.
         greedy_confidence_temperatures (`list[float]`, defaults to `None`): STS temperatures fitted on *greedy*
             rounds, used when decoding greedily; `None` = use `confidence_temperatures` (and offsets) there too.
-            Why separate: greedy matching accepts more drafts than rejection sampling at T = 1, so one fit cannot
-            be calibrated for both (SmolLM2's shipped drafter: position-1 acceptance 27 % at T = 1, ~37 % greedy).
+            Why separate: greedy matching accepts a draft iff it is the target's argmax, rejection sampling at
+            T = 1 with probability min(1, p/q); the two acceptance rates differ, so one fit cannot be calibrated
+            for both.
             `confidence_temperatures` / `confidence_offsets` are then the sampling fit.
         greedy_confidence_offsets (`list[float]`, defaults to `None`): offsets of the greedy fit.
         confidence_threshold (`float`, defaults to 0.0): static threshold: drafts stop at the first slot whose

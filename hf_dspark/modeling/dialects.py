@@ -22,30 +22,23 @@ Conventions the dialects are normalised to (ours, SPEC §2):
 - Reduced vocabularies: speculators, SpecForge and EAGLE-style checkpoints store ``d2t`` (long, one per draft
   token: the target id is ``draft index + d2t[index]``) and ``t2d`` (bool over the target vocabulary); the
   draft vocabulary is ``t2d``'s true entries in ascending order. We keep the target ids (``draft_to_target``)
-  and the target LM head's rows for them; a stored draft ``lm_head`` must be those rows.
+  and the target LM head's rows for them; a stored draft ``lm_head`` must be those rows (``stored_vocabulary.py``
+  reads the mapping, ``target_compatibility.py`` checks the head).
 - Drafting is exactly the reference's: every foreign dialect gives ``sequential_top_k = 0`` (the sequential
   bias over the whole draft vocabulary), as DeepSpec, speculators and vLLM draft.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .checkpoint_files import (  # noqa: F401 (read_checkpoint_index: callers import it from here too)
-    CheckpointError,
-    TensorInfo,
-    read_checkpoint_index,
-)
+from .checkpoint_files import CheckpointError, TensorInfo
 from .configuration import DSparkConfig
 
-logger = logging.getLogger(__name__)
 
+# -------------------------------------------------------------------------------------------------------
 # Dialect registry
 # -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -100,6 +93,9 @@ _METHOD_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_l
                 "architectures", "target_model_name_or_path")
 
 _FOREIGN_TOP_K = 0  # every foreign dialect drafts over the full (draft) vocabulary, as its reference does
+
+#: Tensors that store a reduced draft vocabulary (read by :mod:`.stored_vocabulary`): never drafter parameters.
+VOCAB_MAPPING_TENSORS = ("d2t", "t2d")
 
 
 def _drafts_per_round(stored_block: int, unpredicted: int, what: str) -> int:
@@ -258,11 +254,10 @@ def _specforge_config(raw: dict, target) -> DSparkConfig:
 
 # Early SpecForge DSpark checkpoints kept the heads under a ``logit_head`` container.
 _SPECFORGE_PREFIXES = (("logit_head.markov_head.", "markov_head."), ("logit_head.confidence_head.", "confidence_head."))
-_VOCAB_TENSORS = ("d2t", "t2d")
 
 
 def _specforge_rename(name: str) -> str | None:
-    if name in _TARGET_TENSORS or name in _VOCAB_TENSORS:
+    if name in _TARGET_TENSORS or name in VOCAB_MAPPING_TENSORS:
         return None
     for old, new in _SPECFORGE_PREFIXES:
         if name.startswith(old):
@@ -360,7 +355,7 @@ def _hf_dspark_fields(raw: dict) -> dict:
     return {key: block[key] for key in _HF_DSPARK_FIELDS if block.get(key) is not None}
 
 
-_SPECULATORS_DROPPED = _TARGET_TENSORS | {"verifier_lm_head.weight", "verifier_norm.weight", *_VOCAB_TENSORS}
+_SPECULATORS_DROPPED = _TARGET_TENSORS | {"verifier_lm_head.weight", "verifier_norm.weight", *VOCAB_MAPPING_TENSORS}
 
 register_dialect(Dialect(
     name="speculators",
@@ -435,68 +430,3 @@ register_dialect(Dialect(
     build_config=_transformers_dflash_config,
     rename=_transformers_dflash_rename,
 ))
-
-
-# -------------------------------------------------------------------------------------------------------
-# Reduced vocabularies (d2t / t2d)
-# -------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DraftVocabulary:
-    """A stored d2t / t2d mapping normalised to ours: ``ids`` are the target ids of the draft vocabulary in
-    ascending order (our ``draft_to_target``; ``None`` when the mapping is the full vocabulary) and ``order``
-    the stored draft index of each of them (identity unless the checkpoint's ids were not ascending)."""
-
-    ids: torch.Tensor | None
-    order: torch.Tensor | None
-    source: str  # which tensors it was read from, for describe_checkpoint
-
-
-def _read_small(name: str, info: TensorInfo) -> torch.Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(info.file), framework="pt") as handle:
-        return handle.get_tensor(name)
-
-
-def resolve_draft_vocabulary(dialect: Dialect, raw: dict, config: DSparkConfig,
-                             tensors: dict[str, TensorInfo]) -> DraftVocabulary | None:
-    """Read and check a foreign checkpoint's reduced vocabulary; ``None`` when it predicts the full one."""
-    vocab = config.target_config.get("vocab_size")
-    present = [name for name in _VOCAB_TENSORS if name in tensors]
-    declared = raw.get("draft_vocab_size")
-    if present and not dialect.vocab_mapping:
-        raise CheckpointError(f"This {dialect.name} checkpoint stores {present}, which its format does not define.")
-    if not present:
-        if declared is not None and vocab is not None and int(declared) < vocab:
-            raise CheckpointError(f"config.json declares draft_vocab_size={declared} < vocab_size={vocab} but the "
-                                  "checkpoint stores no d2t / t2d mapping, so the draft tokens' target ids are "
-                                  "unknown.")
-        return None
-    for name in present:
-        if tensors[name].dtype not in ("I64", "I32", "I16", "U8", "BOOL", "I8"):
-            raise CheckpointError(f"Tensor {name!r} has dtype {tensors[name].dtype}; d2t / t2d are integer / bool.")
-    t2d = _read_small("t2d", tensors["t2d"]).bool() if "t2d" in tensors else None
-    if t2d is not None and (t2d.dim() != 1 or (vocab is not None and t2d.shape[0] != vocab)):
-        raise CheckpointError(f"t2d has shape {tuple(t2d.shape)}; it must be one flag per target token ({vocab}).")
-    if "d2t" in tensors:
-        d2t = _read_small("d2t", tensors["d2t"]).long()
-        if d2t.dim() != 1:
-            raise CheckpointError(f"d2t has shape {tuple(d2t.shape)}; it must be one offset per draft token.")
-        stored_ids = torch.arange(d2t.shape[0]) + d2t  # EAGLE / speculators / vLLM: target id = index + d2t[index]
-    else:  # t2d alone: the draft vocabulary is its true entries, ascending (how every producer builds d2t)
-        stored_ids = t2d.nonzero().flatten()
-    size = stored_ids.shape[0]
-    if declared is not None and int(declared) != size:
-        raise CheckpointError(f"config.json declares draft_vocab_size={declared} but d2t/t2d hold {size} tokens.")
-    ids, order = stored_ids.sort()
-    if size == 0 or (vocab is not None and (ids[0] < 0 or ids[-1] >= vocab)) or bool((ids[1:] == ids[:-1]).any()):
-        raise CheckpointError(f"d2t maps draft tokens to invalid or repeated target ids (must be unique, in [0, "
-                              f"{vocab})).")
-    if t2d is not None and not torch.equal(t2d.nonzero().flatten(), ids):
-        raise CheckpointError("d2t and t2d disagree: the target ids d2t maps to are not exactly t2d's true entries.")
-    source = "+".join(present)
-    if vocab is not None and size == vocab:  # a full-vocabulary mapping (speculators accepts and ignores these)
-        if not torch.equal(order, torch.arange(size)):
-            raise CheckpointError("d2t permutes the full vocabulary; only identity full-vocabulary mappings load.")
-        return None
-    return DraftVocabulary(ids=ids, order=None if torch.equal(order, torch.arange(size)) else order, source=source)

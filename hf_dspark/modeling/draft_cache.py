@@ -110,10 +110,10 @@ class DraftCache:
                positions: torch.Tensor, *, packed: bool = False, counts: Sequence[int] | None = None) -> None:
         """Add entries: keys/values per layer [R, Hkv, n, hd], valid/positions [R, n].
 
-        ``packed=False`` appends all n slots to every row after the widest row (invalid ones stay as holes, as
-        the old concatenating cache did). ``packed=True`` keeps only the valid entries, each row's right after its
-        own last entry: what the speculative round uses, so rejected slots never enter the cache. ``counts`` [R]
-        = valid entries per row when the caller knows them on the host (saves a device→host read)."""
+        ``packed=False`` appends all n slots to every row after the widest row (invalid ones stay as holes that
+        ``valid`` masks, so the rows stay aligned). ``packed=True`` keeps only the valid entries, each row's right
+        after its own last entry: what the speculative round uses, so rejected slots never enter the cache.
+        ``counts`` [R] = valid entries per row when the caller knows them on the host (saves a device→host read)."""
         rows, n = valid.shape
         if n == 0:
             return

@@ -22,9 +22,9 @@ import math
 import torch
 from torch import nn
 
+from .architectures import DrafterArchitecture, register_drafter_architecture
 from .draft_cache import DraftCache
 from .drafting import DraftBlock, draw_draft_token
-from .architectures import DrafterArchitecture, register_drafter_architecture
 from .layers import DraftAttention, DraftMLP, RMSNorm
 from .modeling import DSparkDraftModel
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -37,6 +38,12 @@ def get_target_family(model_type: str) -> TargetFamily:
     except KeyError:
         raise ValueError(f"Target family {model_type!r} is not supported yet (supported: {sorted(TARGET_FAMILIES)}). "
                          "Add it with hf_dspark.modeling.families.register_target_family.") from None
+
+
+def soft_cap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(logits / cap) for families with a final logit soft-cap (``TargetFamily.logit_softcap``);
+    unchanged without one. Shared by the drafter's use of the target's LM head and training's target logits."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _llama_rotary(cfg):

@@ -26,12 +26,20 @@ from transformers import AutoConfig, PreTrainedModel
 
 from ..cpu_kernels import SKINNY_KERNEL, linear_kernel, skinny_linear
 from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequential_head, register_drafter_architecture
+from .checkpoint_loading import from_pretrained_any_dialect
 from .configuration import DSparkConfig
 from .draft_cache import ContextUpdate, DraftCache
-from .drafting import DraftBlock, calibrated_confidence, draft_block, draw_draft_token  # noqa: F401 (re-exported)
-from .families import PORTABLE_LAYER_STYLE, get_target_family, layer_family
+from .drafting import DraftBlock, calibrated_confidence, draft_block
+from .families import PORTABLE_LAYER_STYLE, get_target_family, layer_family, soft_cap_logits
 from .heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
-from .layers import DraftAttention, DraftDecoderLayer, DraftMLP, RMSNorm  # noqa: F401 (re-exported)
+from .layers import DraftDecoderLayer, RMSNorm
+from .publishing import hub_uploader
+from .target_compatibility import (
+    embedding_signature,
+    raise_if_target_mismatch,
+    target_compute_dtype,
+    warn_if_logits_depend_on_chunking,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -184,9 +192,7 @@ class DSparkDraftModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
         """Load our format or any published dialect (DeepSpec, speculators, SpecForge / z-lab) and bind ``target``."""
-        from .checkpoint_loading import load_drafter
-
-        return load_drafter(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
+        return from_pretrained_any_dialect(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
 
     @classmethod
     def _from_pretrained_native(cls, path, *args, **kwargs) -> "DSparkDraftModel":
@@ -195,11 +201,10 @@ class DSparkDraftModel(PreTrainedModel):
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload config, safetensors and a generated model card (README.md); see ``hf_dspark.hub.push_to_hub``.
 
-        Replaces transformers' version, which would write a generic card over ours.
+        Replaces transformers' version, which would write a generic card over ours. The uploader is the one
+        ``hf_dspark.hub`` registers (``modeling/publishing.py`` says why it is not imported here).
         """
-        from ..hub import push_to_hub  # lazy: hub builds on modeling, not the other way round
-
-        return push_to_hub(self, repo_id, **kwargs)
+        return hub_uploader()(self, repo_id, **kwargs)
 
     def bind_target(self, target) -> "DSparkDraftModel":
         """Use ``target``'s embedding and LM head (by reference, frozen); refuse a target we do not fit.
@@ -209,8 +214,8 @@ class DSparkDraftModel(PreTrainedModel):
         Also runs the registered bind hooks; ``hf_dspark.generation`` registers one that makes the stock
         ``target.generate(..., assistant_model=draft)`` use speculative decoding.
         """
-        _raise_if_target_mismatch(self.config, target)
-        _warn_if_logits_depend_on_chunking(target)
+        raise_if_target_mismatch(self.config, target)
+        warn_if_logits_depend_on_chunking(target)
         dtype, device = target_compute_dtype(target), target.get_input_embeddings().weight.device
         current = {(p.dtype, p.device) for p in self.parameters() if p.is_floating_point()}
         cast = ""
@@ -461,84 +466,3 @@ class DSparkDraftModel(PreTrainedModel):
 
 register_drafter_architecture(DrafterArchitecture("block", DSparkDraftModel, servable=True,
                                                   exports_to_speculators=True, fuses_context=True))
-
-
-# -------------------------------------------------------------------------------------------------------
-# Target compatibility
-# -------------------------------------------------------------------------------------------------------
-_SIGNATURE_ROWS = 8
-
-
-def embedding_signature(target) -> list[float]:
-    """Norms of a few fixed rows of the target's input embedding: cheap, dtype-robust target identity."""
-    weight = target.get_input_embeddings().weight.detach()
-    rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_ROWS).long()
-    return [round(float(x), 4) for x in weight[rows].float().norm(dim=-1)]
-
-
-def soft_cap_logits(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """cap · tanh(logits / cap) for families with a final logit soft-cap; unchanged without one."""
-    return torch.tanh(logits / cap) * cap if cap else logits
-
-
-def _warn_if_logits_depend_on_chunking(target) -> None:
-    """LLM.int8 with an outlier threshold picks fp16 outlier columns from all tokens of a forward call, so the
-    8-bit target's logits for a token depend on how many tokens share its call. Verification runs γ+1 tokens
-    per call where plain decoding runs one: near-ties can then resolve differently from plain 8-bit decoding.
-    ``llm_int8_threshold=0`` quantizes every token on its own and makes both agree (tested)."""
-    qcfg = getattr(target.config, "quantization_config", None)
-    if qcfg is None:
-        return
-    get = qcfg.get if isinstance(qcfg, dict) else (lambda key, default=None: getattr(qcfg, key, default))
-    threshold = get("llm_int8_threshold", 0.0) or 0.0
-    if get("load_in_8bit", False) and threshold > 0:
-        logger.warning(
-            "This 8-bit bitsandbytes target uses llm_int8_threshold=%s: its outlier columns depend on the number "
-            "of tokens per forward call, so speculative output can differ from plain 8-bit decoding at near-ties. "
-            "Load it with BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0) for token-identical output.",
-            threshold)
-
-
-def target_compute_dtype(target) -> torch.dtype:
-    """The dtype a drafter must compute in for ``target``: its input embedding's (a quantized target keeps the
-    embedding in floating point; its first parameter need not be)."""
-    dtype = target.get_input_embeddings().weight.dtype
-    if not dtype.is_floating_point:
-        raise ValueError(f"The target's input embedding is {dtype}, not floating point: hf-dspark cannot tell which "
-                         "dtype the drafter should compute in. Load the target with a floating-point embedding.")
-    return dtype
-
-
-def _describe_target(config: DSparkConfig) -> str:
-    """The target a drafter was built for, for messages: its name, else its shapes (never "None")."""
-    if config.target_name_or_path:
-        return repr(config.target_name_or_path)
-    tcfg = config.target_config
-    return (f"an unnamed {tcfg.get('model_type', 'unknown')} target (hidden_size={tcfg.get('hidden_size')}, "
-            f"{config.num_target_layers} layers, vocab_size={tcfg.get('vocab_size')})")
-
-
-def _raise_if_target_mismatch(config: DSparkConfig, target) -> None:
-    tcfg = target.config.get_text_config()
-    expected = config.target_config
-    checks = [("model_type", tcfg.model_type, expected.get("model_type")),
-              ("hidden_size", tcfg.hidden_size, expected.get("hidden_size")),
-              ("num_hidden_layers", tcfg.num_hidden_layers, config.num_target_layers),
-              ("vocab_size", target.get_input_embeddings().weight.shape[0], expected.get("vocab_size"))]
-    for name, got, want in checks:
-        if want is not None and got != want:
-            raise ValueError(f"This drafter was built for a target with {name}={want}, but the given target has "
-                             f"{name}={got}. Load the drafter that matches this target "
-                             f"(this one was built for {_describe_target(config)}).")
-    lm_rows = target.get_output_embeddings().weight.shape[0] if target.get_output_embeddings() is not None else None
-    if lm_rows is not None and lm_rows != expected.get("vocab_size", lm_rows):
-        raise ValueError(f"Target LM head has {lm_rows} rows but the drafter expects vocab_size="
-                         f"{expected.get('vocab_size')}.")
-    if config.target_embedding_signature:
-        got_sig = embedding_signature(target)
-        want_sig = config.target_embedding_signature
-        if len(got_sig) == len(want_sig) and any(
-                abs(a - b) > 2e-2 * max(abs(b), 1e-3) for a, b in zip(got_sig, want_sig)):
-            raise ValueError(f"The target's embedding does not match the one this drafter was trained with "
-                             f"({_describe_target(config)}): same shapes, different weights. "
-                             "A drafter only fits the exact target it was trained for.")

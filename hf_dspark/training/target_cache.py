@@ -37,7 +37,8 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..modeling.configuration import default_target_layer_ids
-from ..modeling.modeling import embedding_signature, soft_cap_logits
+from ..modeling.families import soft_cap_logits
+from ..modeling.target_compatibility import embedding_signature
 from ..modeling.target_taps import TargetFeatureTap
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_dspark import DraftCache, DSparkDraftModel
-from hf_dspark.modeling.dialects import CheckpointError, detect_dialect, read_checkpoint_index
-from hf_dspark.modeling.modeling import embedding_signature
+from hf_dspark.modeling.checkpoint_files import CheckpointError, read_checkpoint_index
+from hf_dspark.modeling.dialects import detect_dialect
+from hf_dspark.modeling.target_compatibility import embedding_signature
 
 LAYER_IDS = [0, 1, 2]  # our 0-based decoder layers of the 4-layer tiny targets (never the last one)
 NUM_DRAFT_LAYERS, BLOCK, RANK, MASK = 2, 4, 8, 90

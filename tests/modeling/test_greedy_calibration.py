@@ -11,7 +11,7 @@ from hf_dspark import DSparkConfig, DSparkDraftModel
 from hf_dspark.evaluation.calibration_run import fit_from_trace, save_calibrated
 from hf_dspark.evaluation.recorder import RoundTrace
 from hf_dspark.hub.model_card import DraftCardInfo, render_model_card
-from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.modeling.draft_cache import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap
 
 SAMPLING_T, SAMPLING_B = [2.0] * 5, [-1.0] * 5
