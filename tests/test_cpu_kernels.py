@@ -26,7 +26,7 @@ from hf_dspark.cpu_kernels import (
     skinny_linear,
     skinny_linears,
 )
-from hf_dspark.scheduling.step_cost import profile_cache_key
+from hf_dspark.scheduling.profile_cache import profile_cache_key
 
 PROMPT = torch.tensor([[1, 17, 33, 5, 60, 41, 17, 33, 5]])
 LOOP_KERNEL = SKINNY_KERNEL + FOLDED_GQA_SUFFIX  # what hf-dspark's loop runs the tiny (SDPA, GQA) llama with

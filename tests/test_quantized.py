@@ -128,13 +128,13 @@ def test_default_int8_outlier_threshold_is_warned_about(saved_target, caplog):
 
     target = AutoModelForCausalLM.from_pretrained(saved_target, device_map="cpu",
                                                   quantization_config=BitsAndBytesConfig(load_in_8bit=True)).eval()
-    with caplog.at_level("WARNING", logger="hf_dspark.modeling.modeling"):
+    with caplog.at_level("WARNING", logger="hf_dspark.modeling.target_compatibility"):
         DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16)
     assert "llm_int8_threshold=6.0" in caplog.text
 
 
 def test_zero_int8_threshold_is_not_warned_about(quantized, caplog):
     target, _ = quantized
-    with caplog.at_level("WARNING", logger="hf_dspark.modeling.modeling"):
+    with caplog.at_level("WARNING", logger="hf_dspark.modeling.target_compatibility"):
         DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16)
     assert "llm_int8_threshold" not in caplog.text

@@ -5,7 +5,7 @@ that path refuses batch > 1. Binding a drafter to a target therefore installs on
 wrapper around ``target.generate``: when the assistant is a DSpark drafter the call is forwarded to the stock
 ``generate`` with ``custom_generate=dspark_decode`` (a public transformers API), so all of transformers' input,
 processor, stopping-criteria and cache preparation still runs; any other call goes to the original method
-untouched. ``disable(target)`` removes the wrapper.
+untouched. ``disable(target)`` removes the wrapper (and forgets what calls on the target shared).
 
 A drafter bound to another target (or not at all) is bound to this one on first use, which casts it to the
 target's dtype and device. A target without the wrapper reaches only the guard in ``unbound_targets.py``, which
@@ -42,6 +42,7 @@ import torch
 
 from ..metrics import DSparkStats
 from ..modeling.modeling import TARGET_BIND_HOOKS
+from ..speculation.shared_state import forget
 from .generate import dspark_decode
 
 logger = logging.getLogger(__name__)
@@ -93,10 +94,12 @@ def enable(target) -> None:
 
 
 def disable(target) -> None:
-    """Remove the wrapper installed by :func:`enable`."""
+    """Remove the wrapper installed by :func:`enable` and forget what calls on the target shared (prefix caches,
+    lookup history, the schedulers' learning): a target handed back to plain ``generate`` keeps nothing of ours."""
     if _MARKER in target.__dict__:
         del target.__dict__["generate"]
         del target.__dict__[_MARKER]
+    forget(target)
 
 
 def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, streamer, generator) -> None:

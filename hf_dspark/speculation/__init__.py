@@ -1,6 +1,7 @@
 """The core ``generate`` and the serving engine share: one speculative round and what it is made of.
 
     round.py          propose -> choose widths -> one target forward -> verify -> commit (``SpeculativeRound``)
+    builder.py        how generate and the engine assemble a round (policy, proposers, cost), in one place
     proposals.py      lookup and drafter proposals assembled into one draft tensor
     verification.py   accept / recover / bonus (lossless for greedy and sampling)
     lookup.py         training-free drafts copied from the context and earlier calls; lookup_calibration.py

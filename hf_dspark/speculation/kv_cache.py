@@ -34,12 +34,10 @@ MAX_SPARE_SLOTS = 1024
 SPARE_FRACTION = 0.25
 #: free slots a new buffer keeps *before* its first slot: a request joining the engine's batch with a prompt wider
 #: than the batch widens every row to the left into them (zeroed holes) and takes a finished request's row in
-#: place, where it used to be stacked onto a copy of the whole batch (then the vacant row dropped: another copy,
-#: and a new buffer on the next append: a third) — 26 of 128 joins of a 16-agent run, widening by 1-78 slots;
-#: an eighth of the length, 128 to 256 slots (memory: at most half the spare kept after the last slot). Why at
-#: least 128: an agent's next request is its last one plus a reply and a tool result (70-130 tokens with SmolLM2's
-#: chat template), and with 64 the joins that outgrew the room by a few slots were each a copy of the whole batch
-#: (0.3-0.85 s at 12-16 rows of ~240-580 slots, twice in a 16-agent run: ~2 % of it)
+#: place; without the room it is stacked onto a copy of the whole batch (then the vacant row dropped: another copy,
+#: and a new buffer on the next append: a third). An eighth of the length, 128 to 256 slots (memory: at most half
+#: the spare kept after the last slot). At least 128 because an agent's next request is its last one plus a reply
+#: and a tool result, and joins that outgrow the room by a few slots each copy the whole batch.
 MIN_LEAD_SLOTS = 128
 MAX_LEAD_SLOTS = 256
 LEAD_FRACTION = 0.125

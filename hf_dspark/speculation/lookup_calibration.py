@@ -1,7 +1,7 @@
 """Online-calibrated survival estimates for lookup drafts: what the scheduler multiplies into prefix survival.
 
 The scheduler needs, for every draft j of a proposal, c_j = P(draft j accepted | drafts < j accepted); its prefix
-survival a_j = Π_{i≤j} c_i then prices the draft against the verify cost (``serving/scheduler.py``). DSpark drafts
+survival a_j = Π_{i≤j} c_i then prices the draft against the verify cost (``hf_dspark.scheduling``). DSpark drafts
 get c_j from the calibrated confidence head; lookup drafts have no model, so :class:`LookupCalibrator` estimates
 c_j as an acceptance *rate* per bucket of what the proposal knew when it was made:
 
@@ -24,7 +24,7 @@ and evidence measured on those transcripts, rounded: a 1-token match (one common
 time, an 8-token match (inside a copied span) ~90 %. It matters only until a bucket has seen a few drafts.
 
 Losslessness: c_j depends on the proposal's features, and the whole proposal is a deterministic function of
-committed tokens, so admitting draft j on c_j never looks at draft j's verification (``scheduler.py``).
+committed tokens, so admitting draft j on c_j never looks at draft j's verification (``hf_dspark.scheduling``).
 
 ECE is reported like the drafter's (``hf_dspark.training.calibration``): on the *joint* survival a_k against
 1[drafts 1..k accepted] at every verified position, plus on the conditional c_j over reached drafts, both

@@ -2,7 +2,7 @@
 
 Agent loops re-emit their own context (tool names, JSON keys, earlier sentences), where a matcher over that context
 (:mod:`.lookup`) proposes long, nearly free drafts; on novel text the drafter is the better proposer, and where
-neither helps the round is a plain decoding step. The verify policy (``scheduling.policies.ScheduledPolicy``)
+neither helps the round is a plain decoding step. The verify policy (``scheduling.scheduled.ScheduledPolicy``)
 decides per row and per round, from calibrated survival estimates of both sources and the measured step cost:
 
     plan (before drafting):  which rows take their lookup proposal; whether the drafter runs at all

@@ -25,7 +25,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ..scheduling.policies import ScheduledPolicy
+from ..scheduling.scheduled import ScheduledPolicy
 from .lookup import LookupHistory
 from .lookup_calibration import LookupCalibrator
 from .prefix_cache import PrefixCacheStore

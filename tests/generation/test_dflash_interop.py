@@ -20,8 +20,8 @@ from conftest import make_tiny_qwen3
 from safetensors.torch import load_file, save_file
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.modeling.dialects import CheckpointError
-from hf_dspark.serving import SPSProfile
+from hf_dspark.modeling.checkpoint_files import CheckpointError
+from hf_dspark.scheduling import SPSProfile
 from hf_dspark.serving.engine import DSparkEngine
 
 BLOCK = 16  # stored block: anchor + 15 masks -> 15 drafts per round

@@ -11,7 +11,7 @@ import torch
 from conftest import make_tiny_llama
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.speculation.shared_state import forget, shared_state_for
+from hf_dspark.speculation.shared_state import SharedState, forget, shared_state_for
 from hf_dspark.scheduling import step_cost
 
 PROMPT = torch.tensor([[1, 5, 9, 22, 7, 3, 40, 41, 12, 13]])
@@ -46,7 +46,27 @@ def test_a_cached_table_is_used_without_a_spot_check_and_kept_when_the_steps_con
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)
     table = cached_table(target)
     assert table.metadata["source"] == "cache" and Path(table.metadata["cache_file"]).is_file()
-    assert id(table) in shared_state_for(target).reviewed
+
+
+def test_the_review_keeps_a_table_the_steps_confirm_and_drops_a_stale_one(tmp_path):
+    state = SharedState()
+    path = tmp_path / "step-x.json"
+    path.write_text("{}")
+    table = step_cost.StepCostProfile((1,), (1, 2), ((0.1, 0.2),), (0.0,),
+                                      {"source": "cache", "cache_file": str(path)})
+    state.costs["key"] = table
+    state.review_cost(table, 0.9)  # the steps took 0.9x the prediction: the table holds up
+    assert id(table) in state.reviewed and path.exists() and state.costs == {"key": table}
+    state.review_cost(table, 0.01)  # reviewed already: not again in this process
+    assert path.exists()
+    stale = step_cost.StepCostProfile((1,), (1, 2), ((0.1, 0.2),), (0.0,),
+                                      {"source": "cache", "cache_file": str(path)})
+    state.costs["key"] = stale
+    state.review_cost(stale, 0.5)  # below 1 / STALE_PROFILE_FACTOR: measured on a busy machine
+    assert not path.exists() and state.costs == {}
+    measured = step_cost.StepCostProfile((1,), (1,), ((0.1,),), (0.0,), {"source": "measured"})
+    state.review_cost(measured, 0.01)  # measured by this process: nothing to review
+    assert id(measured) in state.reviewed
 
 
 def test_a_table_measured_on_a_busy_machine_is_dropped_after_the_call(models):
@@ -56,9 +76,11 @@ def test_a_table_measured_on_a_busy_machine_is_dropped_after_the_call(models):
     forget(target)
     target.generate(PROMPT, assistant_model=draft, **KWARGS)
     path = Path(cached_table(target).metadata["cache_file"])
-    data = json.loads(path.read_text())  # as if measured while other work ran: every step 20 times dearer
-    data["verify_seconds"] = [[20 * t for t in line] for line in data["verify_seconds"]]
-    data["metadata"]["raw_verify_seconds"] = [[20 * t for t in line] for line in data["metadata"]["raw_verify_seconds"]]
+    # as if measured while other work ran: every step 10^4 times dearer (far beyond any machine's own noise)
+    data = json.loads(path.read_text())
+    data["verify_seconds"] = [[1e4 * t for t in line] for line in data["verify_seconds"]]
+    data["metadata"]["raw_verify_seconds"] = [[1e4 * t for t in line]
+                                              for line in data["metadata"]["raw_verify_seconds"]]
     path.write_text(json.dumps(data))
     forget(target)
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)

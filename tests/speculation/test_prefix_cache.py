@@ -171,3 +171,19 @@ def test_changed_weights_are_never_served_from_the_cache():
     assert got == generate(model, follow_up, do_sample=False, max_new_tokens=8)
     generate(model, follow_up + got + [9], **kwargs)
     assert drafter.stats.reused_prompt_tokens > 0  # unchanged weights since the last call: reused again
+
+
+def test_lookup_only_calls_keep_their_own_entries_and_reuse_them(target, draft):
+    """A lookup-only call builds no drafter context: its caches are kept under the drafter-less key (a drafting call
+    must never take a drafter context that stops at that call's prompt) and its next turn reuses them."""
+    forget(target)
+    prompts, replies, reused = conversation(target, draft, 3, do_sample=False, dspark_lookup="only",
+                                            dspark_step_cost=flat_cost())
+    for prompt, reply in zip(prompts, replies):
+        assert reply == generate(target, prompt, do_sample=False, max_new_tokens=12)
+    assert reused[1:] == [len(prev) + len(reply) - 1 for prev, reply in zip(prompts[:-1], replies[:-1])]
+    state = shared_state_for(target)
+    assert state.prefixes.keys() == [state.prefix_key(None, None)]  # never the drafting calls' key
+    generate(target, prompts[-1] + replies[-1] + [5, 6, 7], assistant_model=draft, do_sample=False,
+             max_new_tokens=4, dspark_step_cost=flat_cost())
+    assert draft.stats.reused_prompt_tokens == 0  # the drafting call found no entry of its own

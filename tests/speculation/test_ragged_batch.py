@@ -16,7 +16,7 @@ from hf_dspark.speculation.ragged_batch import (
     stack_draft_rows,
     stack_rows,
 )
-from hf_dspark.modeling.modeling import DraftCache
+from hf_dspark.modeling.draft_cache import DraftCache
 
 
 def prefill(target, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
+import types
 import weakref
 
 import pytest
@@ -139,14 +139,15 @@ def test_padding_mask_only_where_the_batch_has_holes(lengths):
         assert any(host for host, _ in rounds) and any(masks)
 
 
-def test_rounds_report_their_width_class_with_their_time():
+def test_rounds_report_their_width_class_with_their_time(monkeypatch):
     """The policy corrects wide and 1-token steps apart, so each timed round must say which it was (and how many
     rows it ran): a round is reported as wide exactly when it verified drafts (width > 1), drafted or lookup. A
     drafting round that first projects the context of rounds the drafter skipped is reported too, without that
     projection's time: it is paid whether or not the drafter runs (a flush bounds the backlog), so it is no price
     of drafting — and unreported, a drafter stopped by a dear-looking step could never be re-priced (every probe
-    after skipped rounds carries a backlog). The backlog's projection is made slow here: no report may carry it."""
-    from hf_dspark.scheduling.policies import ScheduledPolicy
+    after skipped rounds carries a backlog). The round runs on a fake clock on which the backlog's projection takes
+    ``slow`` seconds and everything else next to nothing: no report may carry it."""
+    from hf_dspark.scheduling import ScheduledPolicy
 
     class EveryThirdRoundDrafts(ScheduledPolicy):  # the drafter skips two rounds, then drafts (with a backlog)
         rounds = 0
@@ -166,10 +167,15 @@ def test_rounds_report_their_width_class_with_their_time():
     widths, reports, seconds = [], [], []
     real_run, real_observe = round_module.SpeculativeRound.run, ScheduledPolicy.observe_step
     real_flush_backlog = RaggedBatch.flush_backlog
-    slow = 0.25
+    slow, tick = 0.25, 1e-6
+    clock = [0.0]
+
+    def perf_counter() -> float:  # the round's clock: every reading a tick later
+        clock[0] += tick
+        return clock[0]
 
     def flush_backlog(self, draft):
-        time.sleep(slow)
+        clock[0] += slow
         return real_flush_backlog(self, draft)
 
     def run(self, batch, *args, **kwargs):
@@ -184,14 +190,12 @@ def test_rounds_report_their_width_class_with_their_time():
         seconds.append(step_seconds)
         return real_observe(self, drafted, predicted_seconds, step_seconds, sampled=sampled, wide=wide, rows=rows)
 
-    round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = run, observe_step
-    RaggedBatch.flush_backlog = flush_backlog
-    try:
-        target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                        assistant_model=draft, dspark_policy=EveryThirdRoundDrafts())
-    finally:
-        round_module.SpeculativeRound.run, ScheduledPolicy.observe_step = real_run, real_observe
-        RaggedBatch.flush_backlog = real_flush_backlog
+    monkeypatch.setattr(round_module, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(round_module.SpeculativeRound, "run", run)
+    monkeypatch.setattr(ScheduledPolicy, "observe_step", observe_step)
+    monkeypatch.setattr(RaggedBatch, "flush_backlog", flush_backlog)
+    target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                    assistant_model=draft, dspark_policy=EveryThirdRoundDrafts())
     assert reports == [(width > 1, drafted) for width, drafted, backlog in widths]
     kinds = {(width > 1, drafted, drafted and backlog > 1) for width, drafted, backlog in widths}
     assert len(reports) > 3 and {(True, True, True), (False, False, False)} <= kinds, kinds
