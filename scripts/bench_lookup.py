@@ -19,7 +19,8 @@ would propose on the agent loop of ``scripts/bench_agent_loop.py``. No model run
    upper bound: identical replies to repeated requests).
 
     python scripts/bench_lookup.py
-    python scripts/bench_lookup.py --transcripts benchmarks/2026-11-29b/agent_loop.json --out runs/bench_lookup
+    python scripts/bench_lookup.py --transcripts benchmarks/current/lookup/agent_loop_transcripts.json \\
+        --out runs/bench_lookup
 """
 
 from __future__ import annotations

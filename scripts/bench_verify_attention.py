@@ -24,7 +24,7 @@ import torch
 
 from hf_dspark.cpu_kernels import folded_gqa_attention, skinny_linears
 from hf_dspark.loading import load_target
-from hf_dspark.scheduling.step_cost import prefill_context
+from hf_dspark.scheduling.forward_timing import prefill_context
 
 ATTENTIONS = ("sdpa", "folded")
 

@@ -12,9 +12,9 @@ Sections, in this order (each is written to the JSON as soon as it finishes, so 
                engine against the target's exact marginals (vocabulary 8, every prefix enumerated); plain
                sampling is the control; a drafter that hands ``verify`` a wrong q is the negative control (the
                test must reject it). Every ``--dtypes`` entry.
-    overhead   ``bench_overhead.py`` on a tiny Qwen3 target: ms and host syncs per round (on CUDA counted with
-               ``torch.cuda.set_sync_debug_mode``) of plain greedy, hf-dspark ``generate`` and engine,
-               transformers' DFlash and assisted loops.
+    overhead   ``hf_dspark.evaluation.round_overhead`` (``scripts/bench_overhead.py``) on a tiny Qwen3 target: ms
+               and host syncs per round (on CUDA counted with ``torch.cuda.set_sync_debug_mode``) of plain
+               greedy, hf-dspark ``generate`` and engine, transformers' DFlash and assisted loops.
     smollm2    the same on the SmolLM2-135M architecture with random weights and the shipped drafter's shape
                (a real model's round on the device, whatever is installed). CUDA only unless ``--embedded``.
     embedded   the embedded target itself (``hf_dspark.load_default_target`` + the shipped drafter): plain vs
@@ -58,9 +58,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 
 import hf_dspark
 from hf_dspark import DSparkDraftModel, DSparkEngine
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_overhead  # noqa: E402  (a sibling script)
+from hf_dspark.evaluation import round_overhead
 
 logger = logging.getLogger("device_check")
 
@@ -314,13 +312,13 @@ def check_sampling(device, dtype_name: str, num_samples: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Round cost (bench_overhead) and the embedded target
+# Round cost (round_overhead) and the embedded target
 # ---------------------------------------------------------------------------------------------------------
 def bench_args(device: str, models: list[str], tokens: list[int], batch: list[int], variants: list[str],
                repeats: int, deadline: float | None) -> argparse.Namespace:
-    args = bench_overhead.parse_args(["--device", device, "--models", *models, "--accept", "4of7", "--tokens",
+    args = round_overhead.parse_args(["--device", device, "--models", *models, "--accept", "4of7", "--tokens",
                                       *map(str, tokens), "--batch", *map(str, batch), "--variants", *variants,
-                                      "--impls", *bench_overhead.IMPLS, "--repeats", str(repeats)])
+                                      "--impls", *round_overhead.IMPLS, "--repeats", str(repeats)])
     args.deadline = deadline
     return args
 
@@ -427,8 +425,8 @@ def run(args: argparse.Namespace) -> dict:
                     check_greedy(device, d, plan.families, plan.num_prompts, plan.num_new) for d in args.dtypes))),
                 ("sampling", lambda: list(itertools.chain.from_iterable(
                     check_sampling(device, d, plan.num_samples) for d in args.dtypes))),
-                ("overhead", lambda: bench_overhead.run(plan.overhead)),
-                ("smollm2", lambda: bench_overhead.run(plan.smollm2) if plan.smollm2 else {"skipped": "cpu"}),
+                ("overhead", lambda: round_overhead.run(plan.overhead)),
+                ("smollm2", lambda: round_overhead.run(plan.smollm2) if plan.smollm2 else {"skipped": "cpu"}),
                 ("embedded", lambda: bench_embedded(device, args.dtypes[-1], plan.embedded_tokens)
                  if plan.embedded_tokens else {"skipped": "cpu (tiny models only; --embedded runs it)"})]
     for name, section in sections:

@@ -23,7 +23,7 @@ HEADS=${HEADS:-markov none eagle3}
 for head in $HEADS; do
   [ -f "$OUT-$head/drafter/config.json" ] && continue
   INIT=${INIT_FROM:+--init-from $INIT_FROM-$head/drafter}
-  $PY scripts/train_drafter.py --cache "$CACHE" --out "$OUT-$head" --head "$head" --num-layers 1 --block-size 7 $INIT \
+  .venv/bin/hf-dspark train --cache "$CACHE" --out "$OUT-$head" --head "$head" --num-layers 1 --block-size 7 $INIT \
       --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" --lr "$LR" --draft-vocab-size 8192 \
       --threads "$THREADS" --save-steps 200 --resume --no-progress
 done

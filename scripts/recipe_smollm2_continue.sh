@@ -30,16 +30,16 @@ THREADS=${THREADS:-2}
 GROW=${GROW_TO_LAYERS:+--grow-to-layers $GROW_TO_LAYERS}
 
 if [ "${SKIP_REGENERATE:-0}" != 1 ]; then
-  $PY scripts/regenerate.py --out data/smollm2-magpie --num-template 0 --num-magpie "$NUM_MAGPIE" \
+  .venv/bin/hf-dspark regenerate --out data/smollm2-magpie --num-template 0 --num-magpie "$NUM_MAGPIE" \
       --max-new-tokens 256 --batch-size 48 --threads "$THREADS" --seed 1
 fi
 N=$(wc -l < data/smollm2-magpie/train.jsonl)
 [ -d "$NEXT_CACHE" ] || cp -r "$PREV_CACHE" "$NEXT_CACHE"
-$PY scripts/build_target_cache.py --data data/smollm2-magpie/train.jsonl --out "$NEXT_CACHE" \
+.venv/bin/hf-dspark cache --data data/smollm2-magpie/train.jsonl --out "$NEXT_CACHE" \
     --limit $((N - HOLDOUT)) --max-length 1024 --batch-size 8 --threads "$THREADS" --logsumexp
 { tail -n "$HOLDOUT" data/smollm2/train.jsonl; tail -n "$HOLDOUT" data/smollm2-magpie/train.jsonl; } > "$HELDOUT_FILE"
 for head in markov none; do
-  $PY scripts/train_drafter.py --cache "$NEXT_CACHE" --out "$RUNS/$NEXT-$head" \
+  .venv/bin/hf-dspark train --cache "$NEXT_CACHE" --out "$RUNS/$NEXT-$head" \
       --init-from "$RUNS/$PREV-$head/drafter" $GROW --num-anchors 32 --batch-size 4 --grad-accum 1 --steps "$STEPS" \
       --lr "$LR" --max-minutes "$MAX_MINUTES" --threads $((THREADS > 1 ? THREADS / 2 : 1)) --save-steps 200 \
       --resume --no-progress &
@@ -48,10 +48,10 @@ wait
 $PY scripts/validate_checkpoints.py --runs "$RUNS/$PREV-markov" "$RUNS/$PREV-none" "$RUNS/$NEXT-markov" "$RUNS/$NEXT-none" \
     --data "$HELDOUT_FILE" --holdout $((2 * HOLDOUT)) --cache "$RUNS/cache/$NEXT-holdout" \
     --train-cache "$NEXT_CACHE" --out "$RUNS/validation-$TAG" --threads "$THREADS"
-$PY scripts/calibrate_drafter.py --drafter "$RUNS/$NEXT-markov/drafter" --out "$RUNS/$NEXT-markov/calibrated" \
+.venv/bin/hf-dspark calibrate --drafter "$RUNS/$NEXT-markov/drafter" --out "$RUNS/$NEXT-markov/calibrated" \
     --prompts "$HELDOUT_FILE" --num-prompts $((2 * HOLDOUT)) --max-new-tokens 128 --batch-size 8 \
     --temperature "${CALIB_TEMPERATURE:-1}" \
     --threads "$THREADS"
-$PY scripts/eval_drafter.py --drafter "$RUNS/$NEXT-markov/calibrated" --baseline-drafter "$RUNS/$NEXT-none/drafter" \
+.venv/bin/hf-dspark eval --drafter "$RUNS/$NEXT-markov/calibrated" --baseline-drafter "$RUNS/$NEXT-none/drafter" \
     --out "$RUNS/eval-$NEXT" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 \
     --max-samples "${EVAL_SAMPLES:-8}" --max-new-tokens 128 --batch-size 8 --no-speedup --threads "$THREADS"

@@ -30,7 +30,7 @@ NICE="nice -n 19"
 mkdir -p "$RUNS/data" "$RUNS/cache"
 cache() {  # cache <jsonl> <dir> [extra args]: resumable target cache with the log-normaliser side-car
   local data=$1 out=$2; shift 2
-  $NICE $PY scripts/build_target_cache.py --data "$data" --out "$out" --max-length 1024 --batch-size 8 \
+  $NICE .venv/bin/hf-dspark cache --data "$data" --out "$out" --max-length 1024 --batch-size 8 \
       --threads "$THREADS" --logsumexp "$@"
 }
 
@@ -69,7 +69,7 @@ $PY scripts/mix_target_caches.py --caches "$RUNS/cache/smollm2-onpolicy" "$RUNS/
     --out "$RUNS/cache/$NAME-mix"
 mkdir -p "$RUNS/$NAME"
 echo "$RUNS/cache/$NAME-mix" > "$RUNS/$NAME/cache_path"
-$NICE $PY scripts/train_drafter.py --cache "$RUNS/cache/$NAME-mix" --out "$RUNS/$NAME" --init-from "$RUNS/$NAME-init" \
+$NICE .venv/bin/hf-dspark train --cache "$RUNS/cache/$NAME-mix" --out "$RUNS/$NAME" --init-from "$RUNS/$NAME-init" \
     ${GROW_TO_LAYERS:+--grow-to-layers "$GROW_TO_LAYERS"} --steps "$STEPS" --lr "$LR" --batch-size 4 \
     --grad-accum 1 --num-anchors "$ANCHORS" --save-steps 100 --save-total-limit 0 --max-minutes "$MAX_MINUTES" \
     --threads "$THREADS" --resume --no-progress
@@ -80,6 +80,6 @@ $NICE $PY scripts/validate_heldout.py --runs "$RUNS/$NAME" --drafters "$INIT" --
     --out "$RUNS/$NAME-curve.json" --threads "$THREADS"
 $NICE $PY scripts/eval_heldout.py --drafters "$INIT" "$RUNS/$NAME/drafter" --names shipped "$NAME" \
     --out "$RUNS/$NAME-heldout" --threads "$THREADS"
-$NICE $PY scripts/eval_drafter.py --drafter "$RUNS/$NAME/drafter" --baseline-drafter "$INIT" --names "$NAME" shipped \
+$NICE .venv/bin/hf-dspark eval --drafter "$RUNS/$NAME/drafter" --baseline-drafter "$INIT" --names "$NAME" shipped \
     --out "$RUNS/$NAME-benchmarks" --benchmarks gsm8k math500 humaneval mbpp mt-bench --temperatures 0 \
     --max-samples "${EVAL_SAMPLES:-6}" --max-new-tokens 128 --batch-size 8 --no-speedup --no-plots --threads "$THREADS"

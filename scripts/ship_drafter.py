@@ -25,7 +25,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def evaluation_table(results_path: Path, drafter_name: str, baseline_name: str | None) -> dict[str, dict]:
-    """benchmark -> {"tau": τ at T=0, "τ (T=1)": .., "<baseline> τ (T=0)": ..} from eval_drafter.py's results.json."""
+    """benchmark -> {"tau": τ at T=0, "τ (T=1)": .., "<baseline> τ (T=0)": ..} from ``hf-dspark eval``'s
+    results.json."""
     results = json.loads(results_path.read_text())["results"]
     table: dict[str, dict] = {}
     for row in results:
@@ -46,18 +47,18 @@ def main() -> None:
     p.add_argument("--run", default=None, help="training run directory (metrics.jsonl) for the card")
     p.add_argument("--cache", default=None, help="target cache directory (data size) for the card")
     p.add_argument("--data", default=None, help="one-line description of the training data for the card")
-    p.add_argument("--eval", default=None, help="eval_drafter.py results.json for the τ table")
+    p.add_argument("--eval", default=None, help="hf-dspark eval results.json for the τ table")
     p.add_argument("--eval-name", default="DSpark", help="this drafter's name in results.json")
     p.add_argument("--baseline-name", default="DFlash", help="baseline drafter shown next to it in the card")
     p.add_argument("--calibration", default=None, help="calibration.json (default: <drafter>/calibration.json)")
     p.add_argument("--greedy-calibration", default=None,
-                   help="calibration.json of the greedy fit (calibrate_drafter.py --temperature 0), shown beside it")
+                   help="calibration.json of the greedy fit (hf-dspark calibrate --temperature 0), shown beside it")
     p.add_argument("--repo-id", default=None, help="Hub id the card names")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--confidence-threshold", type=float, default=None,
                    help="default dspark_confidence_threshold stored in the config (choose it on held-out prompts, "
-                        "e.g. with bench_generate.py --prompts ... --thresholds ...)")
+                        "e.g. with hf-dspark bench --prompts ... --thresholds ...)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 

@@ -4,7 +4,7 @@ Sources (hf_dspark/training/human_text.py): standard-library source / docstrings
 modules (never HELD_OUT_CODE_MODULES), the Python language-reference topics, README sections of installed
 packages, and GSM8K human solutions (the *last* --gsm8k questions of the train file: the regenerated on-policy
 answers walk the file from the front). Records overlapping the evaluation sets are dropped. Deterministic; the
-target cache is then built with scripts/build_target_cache.py (prefill only, no generation).
+target cache is then built with ``hf-dspark cache`` (prefill only, no generation).
 
     python scripts/write_human_text.py --out data/smollm2-human/train.jsonl.gz --gsm8k 1500
 """

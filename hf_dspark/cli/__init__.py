@@ -55,7 +55,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     missing benchmark prompts): reported as one line, exit code 2. Anything else is a bug and keeps its traceback."""
     from ..hub.export import SpeculatorsExportError
     from ..loading import ModelLoadError
-    from ..modeling.dialects import CheckpointError
+    from ..modeling.checkpoint_files import CheckpointError
 
     return ModelLoadError, CheckpointError, SpeculatorsExportError, FileNotFoundError, NotADirectoryError
 

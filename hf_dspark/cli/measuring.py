@@ -1,7 +1,6 @@
 """``hf-dspark calibrate``, ``eval``, ``bench`` and ``serve-bench``: how well and how fast a drafter drafts.
 
-The options are those of ``scripts/calibrate_drafter.py``, ``eval_drafter.py``, ``bench_generate.py`` and
-``bench_serving.py``, which call these commands; the work is in ``hf_dspark.evaluation``.
+The work is in ``hf_dspark.evaluation``.
 """
 
 from __future__ import annotations
@@ -164,9 +163,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", allow_abbrev=False,
                        help="Benchmark batch-1 generate with and without the drafter (the README's main job).",
-                       description="Plain vs speculative generate on the same prompts, interleaved prompt by "
-                                   "prompt; ratios to plain generate measured in the same run, greedy outputs "
-                                   "checked token for token. Writes <out>/results.json and prints a table.")
+                       description="Plain generate, transformers' prompt lookup and hf-dspark on the same prompts, "
+                                   "interleaved prompt by prompt: seconds, speed relative to plain and to prompt "
+                                   "lookup measured in the same run, greedy outputs checked token for token against "
+                                   "plain. --variants adds other kernels, dtypes and settings. Writes "
+                                   "<out>/results.json and prints the table.")
     p.add_argument("--drafter", help="trained DSpark drafter dir (default: the shipped one, else UNTRAINED)")
     p.add_argument("--target", default=None, help="target dir / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dflash-drafter", help="trained DFlash drafter dir, for the DSpark/DFlash comparison")
@@ -176,7 +177,11 @@ def add_bench(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-bf16", action="store_true")
+    p.add_argument("--variants", action="store_true",
+                   help="also run plain generate with hf-dspark's CPU kernels and prepacked, hf-dspark with stock "
+                        "linears and prepacked, and a bf16 target, and print every configuration's table (τ, cost "
+                        "split); each option below implies it")
+    p.add_argument("--skip-bf16", action="store_true", help="with --variants: no bf16 target")
     p.add_argument("--thresholds", default="",
                    help="comma list: also run hf-dspark (prepacked) with dspark_confidence_threshold=each")
     p.add_argument("--unpacked-thresholds", default="",
@@ -201,8 +206,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..evaluation.benchmarks import default_eval_dir
-    from ..evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
-                                             heldout_prompts, results_table, run_generate_bench)
+    from ..evaluation.generate_bench import (BENCHMARKS, HEADLINE, GenerateBenchSettings, benchmark_prompts,
+                                             build_configs, headline_table, heldout_prompts, results_table,
+                                             run_generate_bench)
     from ..loading import load_drafter, load_target, raise_if_bad_paths
 
     raise_if_bad_paths(args.target, [args.drafter, args.compare_drafter, args.dflash_drafter])
@@ -211,7 +217,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperatures=_floats(args.temperatures), seed=args.seed,
         skip_bf16=args.skip_bf16, prepacked_only=args.prepacked_only, thresholds=_floats(args.thresholds),
         unpacked_thresholds=_floats(args.unpacked_thresholds), num_tokens=_ints(args.num_tokens),
-        compare_thresholds=_floats(args.compare_thresholds))
+        compare_thresholds=_floats(args.compare_thresholds), variants=args.variants)
     prompts = (heldout_prompts(args.prompts, args.num_prompts) if args.prompts
                else benchmark_prompts(args.eval_dir, args.per_benchmark, args.seed))  # fails before loading models
     target, tokenizer = load_target(args.target)
@@ -230,7 +236,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     source = f"last {args.num_prompts} of {args.prompts}" if args.prompts else ", ".join(BENCHMARKS)
     print(f"drafter: {drafter.source}; {len(prompts)} prompts ({source}), {args.max_new_tokens} new tokens, "
           f"{args.threads} threads")
-    print(results_table(results))
+    shows_headline = any(name in HEADLINE for name in configs)  # not with --prepacked-only
+    if shows_headline:
+        print(headline_table(results))
+        print("speed: new tokens per second over all prompts. hf-dspark's loop runs CPU kernels plain generate does "
+              "not (--variants adds plain generate with them).")
+    if set(configs) != set(HEADLINE):
+        print(("\nEvery configuration:\n" if shows_headline else "") + results_table(results))
+    print(f"wrote {out_dir / 'results.json'}")
     return 0
 
 
@@ -297,8 +310,9 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     from ..evaluation.serving_bench import (ServingBenchSettings, median_over_repeats, run_serving_bench,
                                             serving_prompts, step_kind_table, summary_table)
     from ..loading import load_drafter, load_target, raise_if_bad_paths
+    from ..scheduling import profile_step_cost
+    from ..serving import DSparkEngine
     from ..speculation.shared_state import LONG_MATCH_TOKENS
-    from ..serving import DSparkEngine, profile_step_cost
 
     raise_if_bad_paths(args.target, [args.drafter])
     torch.set_num_threads(args.threads)

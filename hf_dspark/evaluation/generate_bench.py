@@ -2,11 +2,13 @@
 
 Every configuration runs on the same prompts, interleaved prompt by prompt (round robin) so the noise of a shared
 machine hits all of them alike; results are ratios to plain ``generate`` measured in the same run. Greedy
-speculative outputs are checked token for token against plain greedy of the same model. Configurations: plain
-fp32, plain fp32 with the skinny CPU linears hf-dspark's loop runs with and with oneDNN-prepacked linears
-(``cpu_kernels``), prompt lookup, hf-dspark (its baseline: plain with the same kernel; the stock-kernel run
-against stock plain), hf-dspark prepacked, and optional threshold / fixed-γ variants, a second drafter to
-compare, a DFlash drafter and a bf16 target.
+speculative outputs are checked token for token against plain greedy of the same model.
+
+By default three configurations, the comparison a newcomer asks for (:func:`headline_table`): plain ``generate``,
+transformers' prompt lookup and hf-dspark. The variants (``GenerateBenchSettings.variants``, or any setting that
+names one) add plain fp32 with the skinny CPU linears hf-dspark's loop runs and with oneDNN-prepacked linears
+(``cpu_kernels``), hf-dspark with stock linears and prepacked (each divided by plain with the same kernel),
+threshold / fixed-γ runs, a second drafter to compare, a DFlash drafter and a bf16 target (:func:`results_table`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from .benchmarks import benchmark_path
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 PLAIN = "plain fp32"
+PROMPT_LOOKUP = "prompt lookup fp32"
+DSPARK = "hf-dspark fp32"
+#: the default configurations and the names the headline prints them under
+HEADLINE = {PLAIN: "plain generate", PROMPT_LOOKUP: "transformers prompt lookup", DSPARK: "hf-dspark"}
 PLAIN_PACKED = "plain fp32 prepacked"
 PLAIN_SKINNY = "plain fp32 skinny linears"
 #: a configuration's generate kwargs with this key set run plain ``generate`` inside ``loop_kernels`` (the loop's)
@@ -35,9 +41,10 @@ SKINNY = "_skinny_linears"
 
 @dataclass
 class GenerateBenchSettings:
-    """What to run beside the default configurations, and how long. ``thresholds`` / ``num_tokens`` add prepacked
-    hf-dspark runs with ``dspark_confidence_threshold`` / ``dspark_num_tokens`` set; ``unpacked_thresholds`` the
-    same on the stock fp32 target; ``compare_thresholds`` apply to the comparison drafter."""
+    """What to run beside the default configurations, and how long. ``variants`` adds the other kernels and dtypes
+    (see the module docstring); ``thresholds`` / ``num_tokens`` add prepacked hf-dspark runs with
+    ``dspark_confidence_threshold`` / ``dspark_num_tokens`` set; ``unpacked_thresholds`` the same on the stock fp32
+    target; ``compare_thresholds`` apply to the comparison drafter. Each of those implies ``variants``."""
 
     max_new_tokens: int = 128
     temperatures: Sequence[float] = (0.0, 1.0)
@@ -48,6 +55,12 @@ class GenerateBenchSettings:
     unpacked_thresholds: Sequence[float] = ()
     num_tokens: Sequence[int] = ()
     compare_thresholds: Sequence[float] = ()
+    variants: bool = False
+
+    def runs_variants(self) -> bool:
+        """Whether the variants run: asked for, or named by a setting that only a variant uses."""
+        return bool(self.variants or self.prepacked_only or self.thresholds or self.unpacked_thresholds
+                    or self.num_tokens or self.compare_thresholds)
 
 
 def benchmark_prompts(eval_dir: str | Path | None, per_benchmark: int, seed: int) -> list[tuple[str, str]]:
@@ -75,16 +88,20 @@ def prepacked_copy(drafter, packed_target):
 
 def build_configs(target, drafter, settings: GenerateBenchSettings, *, compare=None, compare_name: str = "",
                   dflash=None) -> dict[str, tuple[object, dict, str]]:
-    """name -> (model, extra generate kwargs, name of the baseline its speed is divided by)."""
+    """name -> (model, extra generate kwargs, name of the baseline its speed is divided by). Without variants (and
+    no drafter to compare) the three of :data:`HEADLINE`, each divided by plain ``generate``."""
+    if not (settings.runs_variants() or compare is not None or dflash is not None):
+        return {PLAIN: (target, {}, PLAIN), PROMPT_LOOKUP: (target, {"prompt_lookup_num_tokens": 10}, PLAIN),
+                DSPARK: (target, {"assistant_model": drafter}, PLAIN)}
     packed = prepack_linears(copy.deepcopy(target))
     packed_drafter = prepacked_copy(drafter, packed)
     configs = {
         PLAIN: (target, {}, PLAIN),
         PLAIN_SKINNY: (target, {SKINNY: True}, PLAIN),
         PLAIN_PACKED: (packed, {}, PLAIN),
-        "prompt lookup fp32": (target, {"prompt_lookup_num_tokens": 10}, PLAIN),
+        PROMPT_LOOKUP: (target, {"prompt_lookup_num_tokens": 10}, PLAIN),
         # hf-dspark's loop runs the skinny kernel: its baseline is plain decoding with that kernel
-        "hf-dspark fp32": (target, {"assistant_model": drafter}, PLAIN_SKINNY),
+        DSPARK: (target, {"assistant_model": drafter}, PLAIN_SKINNY),
         "hf-dspark fp32, stock linears": (target, {"assistant_model": drafter, "dspark_cpu_linears": False}, PLAIN),
         "hf-dspark fp32 prepacked": (packed, {"assistant_model": packed_drafter}, PLAIN_PACKED),
     }
@@ -162,10 +179,12 @@ def _result_row(name: str, base: str, runs: dict, temperature: float) -> dict:
     run = runs[name]
     base = base if runs.get(base, {}).get("seconds") else name  # its baseline was filtered out (--prepacked-only)
     tps, base_tps = _tokens_per_second(run), _tokens_per_second(runs[base])
-    plain = runs.get(PLAIN)
-    plain_tps = _tokens_per_second(plain) if plain and plain["seconds"] else None
-    row = {"temperature": temperature, "config": name, "tok_s": tps, "ratio_vs_baseline": tps / base_tps,
-           "baseline": base, "ratio_vs_plain_fp32": tps / plain_tps if plain_tps else None,
+    plain_tps, lookup_tps = (_tokens_per_second(runs[other]) if runs.get(other, {}).get("seconds") else None
+                             for other in (PLAIN, PROMPT_LOOKUP))
+    row = {"temperature": temperature, "config": name, "seconds": sum(run["seconds"]), "tokens": sum(run["tokens"]),
+           "tok_s": tps, "ratio_vs_baseline": tps / base_tps, "baseline": base,
+           "ratio_vs_plain_fp32": tps / plain_tps if plain_tps else None,
+           "ratio_vs_prompt_lookup": tps / lookup_tps if lookup_tps else None,
            "identical_to_plain_greedy": run["identical"] if temperature == 0 else None}
     if run["stats"]:
         merged = run["stats"][0]
@@ -179,14 +198,36 @@ def _result_row(name: str, base: str, runs: dict, temperature: float) -> dict:
     return row
 
 
+def _same(result: dict) -> str:
+    return {True: "yes", False: "NO", None: "–"}[result["identical_to_plain_greedy"]]
+
+
+def _ratio(result: dict, key: str) -> str:
+    return f"{result[key]:.2f}" if result.get(key) is not None else "–"
+
+
+def headline_table(results: list[dict]) -> str:
+    """The table ``hf-dspark bench`` prints: plain ``generate``, transformers' prompt lookup and hf-dspark — seconds
+    and new tokens over all prompts, speed (new tokens per second) relative to plain and to prompt lookup, and
+    whether the greedy output is plain's token for token. Prompt lookup runs greedy only."""
+    header = ("| T | configuration | seconds | new tokens | speed × plain | speed × prompt lookup "
+              "| identical to plain |")
+    lines = [header, "|---" * 7 + "|"]
+    for r in results:
+        if r["config"] not in HEADLINE:
+            continue
+        name = f"**{HEADLINE[r['config']]}**" if r["config"] == DSPARK else HEADLINE[r["config"]]
+        lines.append(f"| {r['temperature']:g} | {name} | {r['seconds']:.1f} | {r['tokens']} | "
+                     f"{_ratio(r, 'ratio_vs_plain_fp32')} | {_ratio(r, 'ratio_vs_prompt_lookup')} | {_same(r)} |")
+    return "\n".join(lines)
+
+
 def results_table(results: list[dict]) -> str:
-    """The markdown table ``hf-dspark bench`` prints."""
+    """The table of every configuration, which ``hf-dspark bench --variants`` prints after the headline."""
     lines = ["| T | config | tok/s | × baseline | × plain fp32 | τ | c_draft | v(γ) | τ/(c+v) | greedy identical |",
              "|---" * 10 + "|"]
     for r in results:
-        fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else "–"  # noqa: E731
-        same = {True: "yes", False: "NO", None: "–"}[r["identical_to_plain_greedy"]]
         lines.append(f"| {r['temperature']:g} | {r['config']} | {r['tok_s']:.1f} | {r['ratio_vs_baseline']:.2f} "
-                     f"({r['baseline']}) | {fmt('ratio_vs_plain_fp32')} | {fmt('tau')} | {fmt('c_draft')} | "
-                     f"{fmt('v_gamma')} | {fmt('bound_speedup')} | {same} |")
+                     f"({r['baseline']}) | {_ratio(r, 'ratio_vs_plain_fp32')} | {_ratio(r, 'tau')} | "
+                     f"{_ratio(r, 'c_draft')} | {_ratio(r, 'v_gamma')} | {_ratio(r, 'bound_speedup')} | {_same(r)} |")
     return "\n".join(lines)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hf_dspark.evaluation.generate_bench import (BENCHMARKS, GenerateBenchSettings, benchmark_prompts, build_configs,
-                                                 SKINNY, heldout_prompts, results_table, run_generate_bench)
+                                                 SKINNY, headline_table, heldout_prompts, results_table,
+                                                 run_generate_bench)
 
 
 class WordTokenizer:
@@ -18,6 +19,17 @@ class WordTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt=True, return_tensors="pt", return_dict=True):
         ids = [int(word[1:]) for word in messages[-1]["content"].split()]
         return {"input_ids": torch.tensor([ids])}
+
+
+def test_the_default_is_the_headline(tiny_target, tiny_drafter):
+    """No variant asked for: plain generate, transformers' prompt lookup and hf-dspark, each divided by plain."""
+    configs = build_configs(tiny_target, tiny_drafter, GenerateBenchSettings())
+    assert {name: base for name, (_, _, base) in configs.items()} == {
+        "plain fp32": "plain fp32", "prompt lookup fp32": "plain fp32", "hf-dspark fp32": "plain fp32"}
+    assert all(model is tiny_target for model, _, _ in configs.values())  # no prepacked or bf16 copy is built
+    assert configs["hf-dspark fp32"][1] == {"assistant_model": tiny_drafter}
+    assert GenerateBenchSettings(variants=True).runs_variants()
+    assert GenerateBenchSettings(thresholds=[0.5]).runs_variants()  # a setting only a variant uses implies them
 
 
 def test_configurations_and_their_baselines(tiny_target, tiny_drafter):
@@ -39,6 +51,9 @@ def test_configurations_and_their_baselines(tiny_target, tiny_drafter):
     assert tiny_drafter.target is tiny_target  # the original stays bound to the stock target
     only = build_configs(tiny_target, tiny_drafter, GenerateBenchSettings(prepacked_only=True))
     assert set(only) == {"plain fp32 prepacked", "hf-dspark fp32 prepacked"}
+    assert set(build_configs(tiny_target, tiny_drafter, GenerateBenchSettings(variants=True))) == {
+        "plain fp32", "plain fp32 skinny linears", "plain fp32 prepacked", "prompt lookup fp32", "hf-dspark fp32",
+        "hf-dspark fp32, stock linears", "hf-dspark fp32 prepacked", "plain bf16"}
 
 
 def test_greedy_runs_are_identical_to_plain_and_reported(tiny_target, tiny_drafter):
@@ -58,6 +73,30 @@ def test_greedy_runs_are_identical_to_plain_and_reported(tiny_target, tiny_draft
     table = results_table(rows)
     assert table.count("\n") == len(rows) + 1 and "| 0 | hf-dspark fp32 |" in table
     json.dumps(rows)  # results.json holds them
+
+
+def test_the_headline_table_compares_with_plain_and_prompt_lookup(tiny_target, tiny_drafter):
+    settings = GenerateBenchSettings(max_new_tokens=6, temperatures=[0.0, 1.0])
+    configs = build_configs(tiny_target, tiny_drafter, settings)
+    rows = run_generate_bench(WordTokenizer(), configs, [("gsm8k", "w5 w17 w33"), ("mt-bench", "w8 w9")], settings)
+    greedy = {r["config"]: r for r in rows if r["temperature"] == 0}
+    assert set(greedy) == set(configs) and all(r["identical_to_plain_greedy"] for r in greedy.values())
+    assert greedy["plain fp32"]["ratio_vs_plain_fp32"] == 1.0
+    assert greedy["prompt lookup fp32"]["ratio_vs_prompt_lookup"] == 1.0
+    spec = greedy["hf-dspark fp32"]
+    assert spec["tokens"] == greedy["plain fp32"]["tokens"] == 12 and spec["seconds"] > 0
+    assert spec["ratio_vs_prompt_lookup"] == pytest.approx(
+        spec["ratio_vs_plain_fp32"] / greedy["prompt lookup fp32"]["ratio_vs_plain_fp32"])
+    sampled = {r["config"]: r for r in rows if r["temperature"] == 1}
+    assert set(sampled) == {"plain fp32", "hf-dspark fp32"}  # prompt lookup runs greedy only
+    assert sampled["hf-dspark fp32"]["ratio_vs_prompt_lookup"] is None
+    table = headline_table(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| T | configuration | seconds | new tokens | speed × plain | speed × prompt lookup |")
+    assert len(lines) == 2 + len(rows)
+    assert "| 0 | **hf-dspark** |" in table and "| 0 | transformers prompt lookup |" in table
+    assert table.count("| yes |") == 3
+    assert "| 1 | plain generate |" in table and lines[-1].endswith("| – | – |")  # sampled: no lookup, no identity
 
 
 def test_prompts_from_the_benchmarks_or_held_out_records(tmp_path):

@@ -1,30 +1,21 @@
-"""calibrate_drafter.py (= ``hf-dspark calibrate``) --rounds: refit STS (with offsets by default) from recorded
-rounds, without generating."""
+"""``hf-dspark calibrate --rounds`` (the step the recipes in scripts/*.sh run): refit STS (with offsets by default)
+from recorded rounds, without generating."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from hf_dspark import DSparkDraftModel
+from hf_dspark.cli import main as hf_dspark_main
 from hf_dspark.evaluation.recorder import RoundTrace
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "calibrate_drafter.py"
 
-
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("calibrate_drafter", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def calibrate(argv: list[str]) -> int:
+    return hf_dspark_main(["calibrate", *argv])
 
 
 def shifted_trace(num_rounds: int = 3000, gamma: int = 5, seed: int = 0) -> RoundTrace:
@@ -35,13 +26,13 @@ def shifted_trace(num_rounds: int = 3000, gamma: int = 5, seed: int = 0) -> Roun
     return RoundTrace.from_rounds([gamma] * num_rounds, accepted, confidence_logits=u + 2.0)
 
 
-def test_refit_from_rounds_writes_offsets(script, tmp_path, tiny_target, tiny_drafter):
+def test_refit_from_rounds_writes_offsets(tmp_path, tiny_target, tiny_drafter):
     tiny_target.save_pretrained(tmp_path / "target")
     tiny_drafter.save_pretrained(tmp_path / "drafter")
     rounds = shifted_trace().save(tmp_path / "rounds.npz")
-    assert script.main(["--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--rounds",
-                        str(rounds), "--rounds-temperature", "1", "--target", str(tmp_path / "target"),
-                        "--no-plots"]) == 0
+    assert calibrate(["--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--rounds",
+                      str(rounds), "--rounds-temperature", "1", "--target", str(tmp_path / "target"),
+                      "--no-plots"]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["confidence_offsets"][0] == pytest.approx(-2.0, abs=0.4)
     report = json.loads((tmp_path / "out" / "calibration.json").read_text())
@@ -51,13 +42,13 @@ def test_refit_from_rounds_writes_offsets(script, tmp_path, tiny_target, tiny_dr
     assert float(loaded.confidence_from_logits(z)[0, 0]) < 0.3  # σ(0 / T + b) with b ≈ −2
 
 
-def test_rounds_of_another_block_size_are_refused(script, tmp_path, tiny_target, tiny_drafter, capsys):
+def test_rounds_of_another_block_size_are_refused(tmp_path, tiny_target, tiny_drafter, capsys):
     tiny_target.save_pretrained(tmp_path / "target")
     tiny_drafter.save_pretrained(tmp_path / "drafter")
     rounds = shifted_trace(num_rounds=50, gamma=3).save(tmp_path / "rounds.npz")
     with pytest.raises(SystemExit) as exit_:  # a user error: one line on stderr, exit code 2
-        script.main(["--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--rounds", str(rounds),
-                     "--target", str(tmp_path / "target"), "--no-plots"])
+        calibrate(["--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--rounds", str(rounds),
+                   "--target", str(tmp_path / "target"), "--no-plots"])
     assert exit_.value.code == 2
     assert "block size 3" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -15,7 +15,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 @pytest.fixture(scope="module")
 def device_check():
-    sys.path.insert(0, str(SCRIPTS))  # device_check imports its sibling bench_overhead
     spec = importlib.util.spec_from_file_location("device_check", SCRIPTS / "device_check.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

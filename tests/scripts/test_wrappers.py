@@ -1,5 +1,7 @@
-"""scripts/*.py that are ``hf-dspark`` commands: each hands its arguments to the command unchanged, and every
-invocation in the shell recipes (scripts/*.sh) still parses, so the recipes keep working."""
+"""The shell recipes (scripts/*.sh) and the two scripts that are ``hf-dspark`` commands: every
+``.venv/bin/hf-dspark <command>`` line of a recipe parses (so the recipes keep working), every ``scripts/<name>.py``
+a recipe runs exists, and ``train_drafter.py`` (a file for ``accelerate launch`` / ``torchrun``) and
+``regenerate.py`` hand their arguments to their command unchanged."""
 
 from __future__ import annotations
 
@@ -13,9 +15,7 @@ import pytest
 from hf_dspark.cli import build_parser
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-COMMAND_OF_SCRIPT = {"train_drafter": "train", "build_target_cache": "cache", "regenerate": "regenerate",
-                     "calibrate_drafter": "calibrate", "eval_drafter": "eval", "bench_generate": "bench",
-                     "bench_serving": "serve-bench"}
+COMMAND_OF_SCRIPT = {"train_drafter": "train", "regenerate": "regenerate"}
 
 
 def load_script(name: str):
@@ -43,30 +43,41 @@ def _placeholder(match: re.Match) -> str:
     return PLACEHOLDERS.get(match.group(1), "1")
 
 
+def _recipe_lines() -> list[tuple[str, str]]:
+    """(recipe, line) of every shell recipe, continuation lines joined."""
+    return [(recipe.name, line.strip()) for recipe in sorted(SCRIPTS.glob("*.sh"))
+            for line in recipe.read_text().replace("\\\n", " ").splitlines()]
+
+
 def recipe_invocations() -> list[tuple[str, str, list[str]]]:
-    """(recipe, script, argv) of every ``$PY scripts/<name>.py ...`` line of the shell recipes, variables replaced
-    by placeholder values (unquoted optional ones such as ``$GROW`` dropped)."""
+    """(recipe, command, argv) of every ``.venv/bin/hf-dspark <command> ...`` line of the shell recipes, variables
+    replaced by placeholder values (unquoted optional ones such as ``$GROW`` dropped)."""
     found = []
-    for recipe in sorted(SCRIPTS.glob("*.sh")):
-        text = recipe.read_text().replace("\\\n", " ")
-        for line in text.splitlines():
-            match = re.search(r"\$PY scripts/(\w+)\.py(.*?)(&\s*)?$", line.strip())
-            if not match or match.group(1) not in COMMAND_OF_SCRIPT:
-                continue
-            args = re.sub(r"\$\(\([^)]*\)\)", "1", match.group(2))  # $((N - HOLDOUT))
-            args = re.sub(r"\$\{[A-Za-z_]+:\+([^}]*)\}", r"\1", args)  # ${GROW:+--grow "$GROW"}: check the option
-            args = re.sub(r"\"\$@\"|\$@", "", args)  # a shell function's own arguments (checked where it is called)
-            args = re.sub(r"(?<=\s)\$[A-Z_]+(?=\s|$)", "", args)  # unquoted $GROW / $INIT: may expand to nothing
-            argv = [re.sub(r"\$\{?([A-Za-z_][^\s\"/]*)\}?", _placeholder, token) for token in shlex.split(args)]
-            found.append((recipe.name, match.group(1), argv))
+    for recipe, line in _recipe_lines():
+        match = re.search(r"\.venv/bin/hf-dspark ([a-z][\w-]*)(.*?)(&\s*)?$", line)
+        if not match:
+            continue
+        args = re.sub(r"\$\(\([^)]*\)\)", "1", match.group(2))  # $((N - HOLDOUT))
+        args = re.sub(r"\$\{[A-Za-z_]+:\+([^}]*)\}", r"\1", args)  # ${GROW:+--grow "$GROW"}: check the option
+        args = re.sub(r"\"\$@\"|\$@", "", args)  # a shell function's own arguments (checked where it is called)
+        args = re.sub(r"(?<=\s)\$[A-Z_]+(?=\s|$)", "", args)  # unquoted $GROW / $INIT: may expand to nothing
+        argv = [re.sub(r"\$\{?([A-Za-z_][^\s\"/]*)\}?", _placeholder, token) for token in shlex.split(args)]
+        found.append((recipe, match.group(1), argv))
     return found
 
 
 def test_every_recipe_invocation_parses():
     invocations = recipe_invocations()
-    assert {script for _, script, _ in invocations} >= {"train_drafter", "build_target_cache", "calibrate_drafter",
-                                                         "eval_drafter", "regenerate"}
+    assert {command for _, command, _ in invocations} >= {"train", "cache", "calibrate", "eval", "regenerate"}
     parser = build_parser()
-    for recipe, script, argv in invocations:
-        args = parser.parse_args([COMMAND_OF_SCRIPT[script], *argv])  # SystemExit(2) on an unknown option
-        assert args.command == COMMAND_OF_SCRIPT[script], (recipe, argv)
+    for recipe, command, argv in invocations:
+        args = parser.parse_args([command, *argv])  # SystemExit(2) on an unknown option
+        assert args.command == command, (recipe, argv)
+
+
+def test_every_script_a_recipe_runs_exists():
+    scripts = {(recipe, name) for recipe, line in _recipe_lines() for name in re.findall(r"scripts/(\w+)\.py", line)
+               if not line.startswith("#")}
+    assert scripts  # the recipes still run helper scripts (held-out validation, vocabularies, cache mixing)
+    missing = [(recipe, name) for recipe, name in sorted(scripts) if not (SCRIPTS / f"{name}.py").is_file()]
+    assert not missing, missing
