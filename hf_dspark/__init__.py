@@ -1,6 +1,6 @@
 """hf-dspark: DSpark speculative decoding for Hugging Face transformers."""
 
-__version__ = "0.1.0.dev0"
+from .version import __version__
 
 from transformers import AutoConfig, AutoModel
 

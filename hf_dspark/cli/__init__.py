@@ -36,7 +36,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from ..version import __version__
 
     parser = argparse.ArgumentParser(prog="hf-dspark", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,7 @@
 """``hf-dspark regenerate``, ``cache`` and ``train``: the training data, the target cache and the drafter.
 
-The options are those of ``scripts/regenerate.py``, ``build_target_cache.py`` and ``train_drafter.py``, which
-call these commands; the work is in ``training.training_set`` and ``training.recipe``.
+``scripts/regenerate.py`` and ``scripts/train_drafter.py`` call these commands; the work is in
+``training.training_set`` and ``training.recipe``.
 """
 
 from __future__ import annotations
@@ -80,9 +80,15 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         magpie_max_new_tokens=args.magpie_max_new_tokens, sources=args.sources, gsm8k_file=args.gsm8k_file,
         seed=args.seed, sampling=SamplingSettings(temperature=args.temperature, top_p=args.top_p,
                                                   max_new_tokens=args.max_new_tokens))
+    engine = None
+    if args.backend == "engine" and not args.endpoint:
+        from ..serving import DSparkEngine
+
+        engine = DSparkEngine(model, policy="none", max_running_requests=args.batch_size, tokenizer=tokenizer,
+                              max_batch_tokens=args.batch_size * 1024)
     regenerate_training_set(model, tokenizer, args.out, recipe, args.eval_dir or default_eval_dir(),
                             backend=args.backend, batch_size=args.batch_size, endpoint=args.endpoint,
-                            model_name=args.model_name or args.target, api_key=args.api_key)
+                            model_name=args.model_name or args.target, api_key=args.api_key, engine=engine)
     return 0
 
 

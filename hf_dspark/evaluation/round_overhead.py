@@ -63,7 +63,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from .. import __version__
+from ..version import __version__
 from ..embedded import DEFAULT_DRAFTER_DIR
 from ..modeling import DSparkDraftModel
 from ..serving import DSparkEngine

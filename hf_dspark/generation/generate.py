@@ -30,7 +30,7 @@ from ..modeling.target_taps import TargetFeatureTap
 from ..sampling import pick_tokens
 from ..scheduling.policies import ThresholdPolicy, VerifyPolicy
 from ..speculation.builder import RoundBuilder, holds_croppable_context, raise_if_bad_lookup
-from ..speculation.kv_cache import growing_cache
+from ..kv_cache import growing_cache
 from ..speculation.lookup import LookupHistoryKey, LookupProposer
 from ..speculation.prefix_cache import CachedPrefix, weights_signature
 from ..speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors

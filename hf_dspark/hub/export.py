@@ -165,7 +165,7 @@ def _transformer_layer_config(config: DSparkConfig, dtype: torch.dtype) -> dict:
 
 def _hf_dspark_block(config: DSparkConfig) -> dict:
     """Our settings speculators has no field for; ``dialects.py`` reads them back (vLLM ignores them)."""
-    from .. import __version__
+    from ..version import __version__
 
     return {"hf_dspark_version": __version__, "num_target_layers": config.num_target_layers,
             "target_model_type": config.target_family,

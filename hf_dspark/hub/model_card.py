@@ -218,7 +218,7 @@ def _template_path(template: str | os.PathLike | None) -> Path:
 
 
 def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[str, Any]:
-    from .. import __version__
+    from ..version import __version__
 
     config = draft.config
     temperatures = config.confidence_temperatures

@@ -41,7 +41,7 @@ def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commi
     """
     from huggingface_hub import HfApi
 
-    from .. import __version__
+    from ..version import __version__
 
     api = HfApi(library_name="hf-dspark", library_version=__version__, token=token)
     repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id

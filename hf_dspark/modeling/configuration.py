@@ -30,7 +30,7 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

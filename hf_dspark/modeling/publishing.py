@@ -27,6 +27,6 @@ def register_hub_uploader(upload: Callable) -> None:
 def hub_uploader() -> Callable:
     """The registered uploader; raises when hub was never imported (it always is after ``import hf_dspark``)."""
     if not _HUB_UPLOADERS:
-        raise RuntimeError("No Hub uploader is registered: import hf_dspark.hub before calling push_to_hub (importing "
-                           "hf_dspark does).")
+        raise RuntimeError("No Hub uploader is registered: load the hf_dspark.hub module before calling push_to_hub "
+                           "(importing the hf_dspark package does).")
     return _HUB_UPLOADERS[0]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..kv_cache import growing_cache
 from ..modeling.target_support import cache_kwarg
 from .cost_tables import verify_batch_shape
 
@@ -44,10 +45,8 @@ def time_padded_verify(target, rows: int, length: int, *, context_len: int, repe
 
 @torch.inference_mode()
 def prefill_context(target, context_len: int, *, device: torch.device, generator: torch.Generator):
-    """A one-row DynamicCache (appending in place, as the loop's) holding ``context_len`` random tokens: the context
-    every verify timing sits on."""
-    from ..speculation.kv_cache import growing_cache  # the cache the loop runs on (appends in place)
-
+    """A one-row cache holding ``context_len`` random tokens, the context every verify timing sits on: the growing
+    cache the loop runs on (appends in place), so the timings price the loop's own appends."""
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (1, context_len), generator=generator).to(device)
     cache = growing_cache(target.config)

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from ..modeling.draft_cache import DraftCache
 from ..sampling import pick_tokens
-from ..speculation.kv_cache import growing_cache
+from ..kv_cache import growing_cache
 from ..speculation.round import prefill
 from .batch import JoiningRows
 from .fault_isolation import DecodeQuarantine

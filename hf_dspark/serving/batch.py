@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from ..modeling.draft_cache import DraftCache
-from ..speculation.kv_cache import cache_from_tensors, extend_front, front_room
+from ..kv_cache import cache_from_tensors, extend_front, front_room
 from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end, stack_draft_rows, stack_rows
 from .requests import Request
 

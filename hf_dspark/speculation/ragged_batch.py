@@ -27,7 +27,7 @@ from transformers import DynamicCache
 
 from ..modeling.draft_cache import ContextUpdate, DraftCache
 from ..modeling.target_support import cache_kwarg  # noqa: F401 (re-exported: this is where callers looked for it)
-from .kv_cache import cache_from_tensors, drop_rows_in_place
+from ..kv_cache import cache_from_tensors, drop_rows_in_place
 
 
 def num_trailing_holes(mask: torch.Tensor) -> int:

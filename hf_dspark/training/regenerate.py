@@ -178,8 +178,6 @@ def regenerate_with_engine(engine, tokenizer, prompts: Sequence[Prompt], out_pat
     settings = settings or SamplingSettings()
     out_path = Path(out_path)
     todo = _todo(prompts, out_path)
-    from ..serving.requests import FinishReason
-
     max_queued = max_queued or 2 * engine.max_running_requests
     sampling = ({"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p,
                  "top_k": settings.top_k} if settings.temperature > 0 else {"do_sample": False})
@@ -202,7 +200,7 @@ def regenerate_with_engine(engine, tokenizer, prompts: Sequence[Prompt], out_pat
                     still.append((prompt, handle))
                     continue
                 output = handle.result()
-                finished = output.finish_reason is FinishReason.STOP
+                finished = output.finish_reason == "stop"  # FinishReason is a str enum: its value
                 tokens = output.token_ids[:-1] if finished else output.token_ids
                 answer = tokenizer.decode(tokens, skip_special_tokens=True)
                 f.write(json.dumps(_record(prompt, answer, len(output.token_ids), "stop" if finished else "length"),

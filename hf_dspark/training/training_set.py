@@ -101,15 +101,19 @@ def gather_prompts(model, tokenizer, out_dir: str | os.PathLike, recipe: Trainin
 def regenerate_training_set(model, tokenizer, out_dir: str | os.PathLike, recipe: TrainingSetRecipe,
                             eval_dir: str | os.PathLike, *, backend: str = "generate", batch_size: int = 24,
                             endpoint: str | None = None, model_name: str | None = None,
-                            api_key: str = "EMPTY") -> Path:
+                            api_key: str = "EMPTY", engine=None) -> Path:
     """Gather the prompts and answer them into ``<out_dir>/train.jsonl`` (returned).
 
-    ``backend``: batched ``generate`` (``batch_size`` prompts a batch) or the engine (``batch_size`` requests
-    decoding at once, policy none: a finished answer frees its row at once); with ``endpoint`` a server answers
-    as ``model_name`` and the local model only writes Magpie prompts. ``eval_dir``: the prompts never trained on.
+    ``backend``: batched ``generate`` (``batch_size`` prompts a batch) or ``"engine"``: the continuous-batching
+    ``engine`` the caller built (a ``DSparkEngine`` with policy none: a finished answer frees its row at once; the
+    caller builds it because serving sits above training); with ``endpoint`` a server answers as ``model_name``
+    and the local model only writes Magpie prompts. ``eval_dir``: the prompts never trained on.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "engine" and engine is None and not endpoint:
+        raise ValueError("backend='engine' answers with a DSparkEngine: pass engine=DSparkEngine(model, policy='none', "
+                         "max_running_requests=..., tokenizer=tokenizer)")
     guard = EvalOverlapGuard.from_dir(eval_dir)
     if not any(Path(eval_dir).glob("*.jsonl")):
         logger.warning("No evaluation prompts in %s: the training set cannot be checked for overlap with them",
@@ -119,10 +123,6 @@ def regenerate_training_set(model, tokenizer, out_dir: str | os.PathLike, recipe
     if endpoint:
         regenerate_endpoint(endpoint, model_name, prompts, train_file, settings=recipe.sampling, api_key=api_key)
     elif backend == "engine":
-        from ..serving import DSparkEngine
-
-        engine = DSparkEngine(model, policy="none", max_running_requests=batch_size, tokenizer=tokenizer,
-                              max_batch_tokens=batch_size * 1024)
         regenerate_with_engine(engine, tokenizer, prompts, train_file, settings=recipe.sampling, seed=recipe.seed)
     else:
         regenerate_local(model, tokenizer, prompts, train_file, settings=recipe.sampling, batch_size=batch_size,

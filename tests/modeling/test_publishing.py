@@ -57,7 +57,7 @@ def test_push_to_hub_calls_the_registered_uploader(tiny_drafter, monkeypatch):
 
 def test_push_to_hub_without_an_uploader_says_what_to_import(tiny_drafter, monkeypatch):
     monkeypatch.setattr(publishing, "_HUB_UPLOADERS", [])
-    with pytest.raises(RuntimeError, match=r"import hf_dspark\.hub"):
+    with pytest.raises(RuntimeError, match=r"load the hf_dspark\.hub module"):
         tiny_drafter.push_to_hub("org/drafter")
 
 

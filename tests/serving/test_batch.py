@@ -84,7 +84,7 @@ def test_vacant_rows_are_filled_from_the_end_copying_only_the_rows_that_move(tin
     """Finished requests' rows leave by the last rows moving into their places: every request keeps its own K/V,
     mask, anchor and host mirrors, and the rows that did not move stay views of the same buffers (dropping rows in
     order copied every row after the first that left)."""
-    from hf_dspark.speculation.kv_cache import cache_from_tensors
+    from hf_dspark.kv_cache import cache_from_tensors
     from hf_dspark.speculation.ragged_batch import fill_from_the_end
 
     assert fill_from_the_end(5, {0, 2}) == [3, 1, 4]  # rows 3 and 4 take the places of 0 and 2

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.speculation import kv_cache
+from hf_dspark import kv_cache
 from hf_dspark.speculation.ragged_batch import cache_kwarg
 from hf_dspark.modeling.draft_cache import DraftCache
 from hf_dspark.modeling.target_taps import TargetFeatureTap

@@ -11,8 +11,8 @@ import torch
 from conftest import make_tiny_llama
 from transformers import DynamicCache
 
-from hf_dspark.speculation import kv_cache
-from hf_dspark.speculation.kv_cache import GrowingLayer, cache_from_tensors, drop_rows_in_place, growing_cache
+from hf_dspark import kv_cache
+from hf_dspark.kv_cache import GrowingLayer, cache_from_tensors, drop_rows_in_place, growing_cache
 from hf_dspark.speculation.ragged_batch import _gather_slots, _left_pad, _stacked, packing_index
 
 
