@@ -339,12 +339,12 @@ class _GenerateCall:
             if not finished:
                 still.append(i)
         stats = self.stats
-        stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
+        stats.observe_round(result.num_drafts, result.num_accepted, committed, result.sources)
         stats.draft_seconds += result.draft_seconds
         stats.verify_seconds += result.verify_seconds
         if self.recorder is not None:
             block = result.block
-            self.recorder.observe_round(torch.tensor(result.lengths), torch.tensor(result.num_accepted),
+            self.recorder.observe_round(torch.tensor(result.num_drafts), torch.tensor(result.num_accepted),
                                         torch.tensor(committed), block.confidence_logits if block is not None else None)
         if self.streamer is not None and committed[0]:
             self.streamer.put(torch.tensor(result.tokens[0][: committed[0]]))

@@ -463,12 +463,12 @@ class DSparkEngine:
                 self._lookup.commit(request.request_id, tokens[: committed[-1]])
         metrics = self.engine_metrics
         metrics.generated_tokens += sum(committed)
-        metrics.stats.observe_round(result.lengths, result.num_accepted, committed, result.sources)
-        metrics.observe_decode_step(len(committed), result.width, result.lengths, result.num_accepted,
+        metrics.stats.observe_round(result.num_drafts, result.num_accepted, committed, result.sources)
+        metrics.observe_decode_step(len(committed), result.width, result.num_drafts, result.num_accepted,
                                     drafted=result.block is not None, committed=sum(committed),
                                     seconds=result.draft_seconds + result.verify_seconds)
         logger.debug("step %d: R=%d, verify tokens B=%d (width %d), accepted %d, committed %d",
-                     metrics.decode_steps, len(committed), len(committed) + sum(result.lengths), result.width,
+                     metrics.decode_steps, len(committed), len(committed) + sum(result.num_drafts), result.width,
                      sum(result.num_accepted), sum(committed))
 
     # -- metrics -----------------------------------------------------------------------------------------------

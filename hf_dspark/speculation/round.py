@@ -38,11 +38,11 @@ from .verification import verify as default_verify
 
 @dataclass
 class RoundResult:
-    """What one round did, on the host. Per row: ``lengths`` drafts verified (ℓ_r), ``num_accepted`` of them
+    """What one round did, on the host. Per row: ``num_drafts`` drafts verified (ℓ_r), ``num_accepted`` of them
     accepted, ``tokens`` = accepted drafts + the recovered / bonus token (before any stopping rule)."""
 
     width: int  # verify width 1 + max ℓ
-    lengths: list[int]
+    num_drafts: list[int]
     num_accepted: list[int]
     tokens: list[list[int]]
     block: DraftBlock | None  # the drafter's proposal (None when the round skipped the drafter)
