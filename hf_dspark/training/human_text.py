@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .prompt_sources import CodeObject, _code_prompt, iter_code_objects
+from .prompt_sources import _code_prompt, iter_code_objects
 from .prompts import EvalOverlapGuard
 
 _MAX_ANSWER_CHARS = 4000  # ~1,000 tokens: the cache's default max length

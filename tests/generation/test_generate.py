@@ -8,7 +8,6 @@ import torch
 from conftest import make_tiny_llama, make_tiny_qwen3
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.modeling.drafting import DraftBlock
 
 VOCAB = 96
 NUM_PROMPTS = 20
