@@ -78,6 +78,7 @@ def test_a_pipeline_conversation_reuses_its_prefix_without_any_keyword(setup):
     plain = pipeline("text-generation", model=target, tokenizer=tok)
     ours = pipeline("text-generation", model=target, tokenizer=tok, assistant_model=draft)
     conversation = " ".join(f"w{3 + (7 * i) % 90}" for i in range(30))
+    previous_prompt_tokens = 0
     for turn in range(3):
         expected = plain(conversation, max_new_tokens=8, do_sample=False)[0]["generated_text"]
         got = ours(conversation, max_new_tokens=8, do_sample=False)[0]["generated_text"]
