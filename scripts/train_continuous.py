@@ -50,7 +50,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="blocks per sequence: 64 balances the prefill a sequence costs against its blocks on CPU")
     p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot", action="store_true",
+                   help="draw the curve (curve.png beside --curve, the shipped drafter as reference) and exit")
     return p.parse_args(argv)
+
+
+def plot(args, target) -> None:
+    """curve.png beside the curve file: held-out τ against training tokens, the shipped drafter dashed."""
+    from hf_dspark import DSparkDraftModel
+    from hf_dspark.evaluation.plots import plot_training_curve
+    from hf_dspark.training.continuous import read_curve
+    from hf_dspark.training.target_cache import TargetCacheDataset
+    from hf_dspark.training.validation import score_prompt_sets
+
+    shipped = DSparkDraftModel.from_pretrained(args.init_from, target=target).float()
+    reference = {name: s["tau_greedy"] for name, s in
+                 score_prompt_sets(shipped, TargetCacheDataset(args.heldout_cache)).items()}
+    out = Path(args.curve).with_suffix(".png")
+    plot_training_curve(read_curve(args.curve), out, reference=reference,
+                        title="SmolLM2-135M drafter: held-out τ (greedy, full block)")
+    print(f"wrote {out} (shipped drafter: {reference})")
 
 
 def ensure_heldout_cache(target, tokenizer, cache: Path) -> None:
@@ -68,6 +87,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target()
     ensure_heldout_cache(target, tokenizer, Path(args.heldout_cache))
+    if args.plot:
+        plot(args, target)
+        return
     recipe = ContinuousRecipe(
         data=args.data, heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,

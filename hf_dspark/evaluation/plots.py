@@ -184,4 +184,25 @@ def plot_position_acceptance(conditional: Mapping[str, Sequence[float]], path: s
     return _save(fig, path)
 
 
-__all__ = ["plot_position_acceptance", "plot_reliability", "plot_threshold_sweep", "plot_throughput_frontier"]
+def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
+                        reference: Mapping[str, float] | None = None, title: str | None = None) -> Path:
+    """Held-out τ (greedy, full block) against training tokens, one line per prompt set: the record of a continuous
+    training run (rows of its ``curve.jsonl``). ``reference``: τ per prompt set of a drafter to beat (dashed)."""
+    fig, (ax,) = _new_figure(1, panel_size=(6.0, 3.8))
+    sets = sorted({name for row in rows for name in row["heldout"]})
+    for name, color in zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+        points = [(row["train_tokens"] / 1e6, row["heldout"][name]["tau_greedy"]) for row in rows
+                  if name in row["heldout"]]
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", color=color, label=f"{name}")
+        if reference and name in reference:
+            ax.axhline(reference[name], color=color, linestyle="--", alpha=0.6, label=f"{name}: shipped drafter")
+    ax.set(xlabel="training tokens (millions, all sessions)", ylabel="held-out τ (greedy, full block)")
+    ax.grid(alpha=0.3)
+    _legend(ax, fontsize="small")
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+__all__ = ["plot_position_acceptance", "plot_reliability", "plot_threshold_sweep", "plot_throughput_frontier",
+           "plot_training_curve"]

@@ -60,3 +60,12 @@ def test_plot_position_acceptance(tmp_path):
     unconditional = {"DSpark": [0.9, 0.77, 0.61, 0.48], "DFlash": [0.9, 0.68, 0.44, 0.26]}
     assert_png(plot_position_acceptance(conditional, tmp_path / "acc.png", unconditional=unconditional))
     assert_png(plot_position_acceptance(conditional, tmp_path / "acc_cond.png"))
+
+
+def test_plot_training_curve(tmp_path):
+    from hf_dspark.evaluation.plots import plot_training_curve
+
+    rows = [{"train_tokens": t, "heldout": {"chat": {"tau_greedy": 1.3 + t / 1e7}, "code": {"tau_greedy": 1.4}}}
+            for t in (0, 2e5, 4e5)]
+    assert_png(plot_training_curve(rows, tmp_path / "curve.png", reference={"chat": 1.42, "code": 1.45},
+                                   title="held-out τ"))
