@@ -6,13 +6,12 @@ decoding step is slower than the memory bandwidth allows and verifying k tokens 
 
 * :class:`skinny_linears` (on by default inside hf-dspark's decoding loop on a CPU fp32 target; also a public
   context manager for plain ``generate``) computes 1-16 rows as ``W @ xᵀ`` with 2 to 16 columns: no copy of any
-  weight, results within the last bits of ``F.linear``'s (measured on the project's 2-core AVX2 box, SmolLM2-135M:
-  one step 0.62×, verifying 2 tokens 0.68×, 4 tokens 0.82× of the stock 1-token step).
+  weight, results within the last bits of ``F.linear``'s; one step and short verifies cost well under the stock
+  kernels' (docs/cpu_kernels.md and BENCHMARKS.md have the measurements).
 * :class:`folded_gqa_attention` (with the skinny linears in hf-dspark's loop) attends a verify step's several
-  query tokens over grouped key/value heads without transformers' ``repeat_kv`` copies: 16 rows × 2 tokens over
-  300 slots 0.63 ms a layer instead of 2.8; a SmolLM2 verify forward of 4-16 rows × 2-5 tokens 0.75-0.89×.
-* :func:`prepack_linears` (opt-in, replaces the modules) packs each weight once for oneDNN (verify(8)/verify(1)
-  1.64 stock vs 1.47 packed, plain decoding 14 -> 20 tok/s), at the cost of a packed copy of every weight.
+  query tokens over grouped key/value heads without transformers' ``repeat_kv`` copies.
+* :func:`prepack_linears` (opt-in, replaces the modules) packs each weight once for oneDNN (cheaper wide verifies
+  and plain steps), at the cost of a packed copy of every weight.
 
 Both differ from ``F.linear`` in the last bits (~1e-5 to 1e-4 on logits), as stock 1-row and k-row products
 already differ from each other. Inference only: with gradients, or off CPU, or in another dtype, they fall back
@@ -90,10 +89,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``F.linear(x, weight, bias)`` for inference on CPU fp32, fast when ``x`` has 1-16 rows.
 
     Why: stock fp32 ``F.linear`` computes ``x @ Wᵀ``; with one row MKL runs a gemv that uses one core's memory
-    bandwidth, with 2-16 rows a small-M gemm that is slower still (measured on the project's 2-core AVX2 box,
-    SmolLM2-135M: verifying 2 tokens cost 1.6× one plain step). ``W @ xᵀ`` with 2 to 16 columns
-    (:data:`SKINNY_PADDED_ROWS`) streams the weight once on both cores: one plain step 0.62×, verify(2) 0.68×,
-    verify(4) 0.82× of the stock step. The same products are summed in another order, so results differ from
+    bandwidth, with 2-16 rows a small-M gemm that is slower still. ``W @ xᵀ`` with 2 to 16 columns
+    (:data:`SKINNY_PADDED_ROWS`) streams the weight once on all cores, for one row as for sixteen. The same products are summed in another order, so results differ from
     ``F.linear`` in the last bits (as the stock kernels' own 1-row and k-row results differ from each other).
     Anything else — grad, other devices or dtypes, more rows — is plain ``F.linear``."""
     # every check is an attribute read: this runs for each of a model's linears in every forward
@@ -128,8 +125,8 @@ class skinny_linears:  # noqa: N801 (a context manager used like a function, as 
     entered it: a plain ``generate`` on the same model in another thread keeps the stock kernel, and one thread
     leaving the block never switches another's kernel mid-call. Modules whose ``forward`` is already replaced on
     the instance (accelerate hooks) are left alone; re-entering is a no-op. A model's linears are found once (the
-    engine enters this every step: walking the module tree each time cost ~1.4 ms on SmolLM2); a linear added to
-    the model later keeps its stock kernel."""
+    engine enters this every step, and walking the module tree each time would cost a visible share of a step); a
+    linear added to the model later keeps its stock kernel."""
 
     def __init__(self, *models: nn.Module | None):
         self.models = [m for m in models if m is not None]
@@ -259,8 +256,7 @@ def folded_gqa_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     SDPA path copies every key and value ``n_rep`` times (``repeat_kv``) before attending. For one query token it
     already avoids that by folding the group's heads into the query dimension (``pack_gqa``); this does the same
     for q > 1: query [B, H, q, d] -> [B, H_kv, n_rep·q, d], the mask (shared by every head) tiled n_rep times along
-    the query dimension. Same scores, same softmax, no copies (measured, 16 rows × 2 tokens over 300 slots: 0.63 ms
-    a layer vs 2.8 ms). Anything else (one query token, no mask or a per-head one, a position bias, dropout, no
+    the query dimension. Same scores, same softmax, no copies. Anything else (one query token, no mask or a per-head one, a position bias, dropout, no
     grouping) goes to transformers' own SDPA function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -12,9 +12,9 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | Sequence[torch
     generator per row (the engine's per-request streams: each row then consumes exactly one draw of its own).
 
     Inverse CDF: one uniform u per row, the token is the first whose running sum exceeds u · total. That is the
-    search ``torch.multinomial`` runs too (running sums in float64, as its CPU kernel accumulates), but over a 49k
-    vocabulary it costs ~1.1 ms a row on a CPU and this ~0.06 ms; a sampled round draws 8-9 times (drafts,
-    recovery). A token with p = 0 is never drawn: its running sum equals its predecessor's."""
+    search ``torch.multinomial`` runs too (running sums in float64, as its CPU kernel accumulates), without its
+    per-call overhead, which over a large vocabulary dominates on a CPU; a sampled round draws once per draft and
+    once to recover. A token with p = 0 is never drawn: its running sum equals its predecessor's."""
     cdf = probs.to(torch.float64).cumsum_(-1)
     total = cdf[:, -1:]
     if probs.device.type == "cpu" and not bool(((total > 0) & torch.isfinite(total)).all()):

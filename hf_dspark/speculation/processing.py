@@ -71,8 +71,8 @@ def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int
 
 def apply_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``processors(input_ids, scores)`` without ``LogitsProcessorList.__call__``'s per-call ``inspect.signature``
-    of every processor (≈ 0.2 ms each): plain generate pays it once per token, a speculative round once per drafted
-    slot and verified position. Same semantics for the two-argument call generate makes."""
+    of every processor: plain generate pays it once per token, a speculative round once per drafted slot and
+    verified position. Same semantics for the two-argument call generate makes."""
     for processor in processors:
         scores = processor(input_ids, scores)
     return scores

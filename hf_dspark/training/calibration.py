@@ -13,9 +13,8 @@ many drafts that round actually offered (position k only counts in rounds with n
 Temperatures go into ``DSparkConfig.confidence_temperatures``; the drafter then reports σ(z_k / T_k).
 
 **Offsets (an extension, not in the paper).** A temperature can only stretch the logits around 0: when the head's
-logits sit on one side of 0 (ours: a 1-layer CPU drafter whose position-1 acceptance is 27 % where training
-saw 50 %), no T moves the mean confidence to the realised rate and the ECE stays high (position 1: 10 % after
-STS). :func:`fit_sts_with_offsets` searches (T_k, b_k) jointly for c_k = σ(z_k / T_k + b_k), still left to
+logits sit on one side of 0 (a small drafter whose acceptance at serving time is well below what training saw),
+no T moves the mean confidence to the realised rate and the ECE stays high. :func:`fit_sts_with_offsets` searches (T_k, b_k) jointly for c_k = σ(z_k / T_k + b_k), still left to
 right on the joint survival. It is still order-preserving (T > 0), offset 0 is on the grid, and ties prefer
 the smallest |b|, so it never does worse in-sample than temperatures alone. Offsets go into
 ``DSparkConfig.confidence_offsets``.
