@@ -42,8 +42,12 @@ def add_regenerate(sub) -> None:
     p.add_argument("--magpie-max-new-tokens", type=int, default=64,
                    help="length cap of a synthesised request (longer ones are dropped as rambling)")
     p.add_argument("--backend", choices=["generate", "engine"], default="generate",
-                   help="answer with batched target.generate, or with the continuous-batching DSparkEngine "
-                        "(policy none: a finished answer frees its row at once)")
+                   help="answer with batched target.generate, or with the continuous-batching DSparkEngine (a "
+                        "finished answer frees its row at once; with --engine-policy scheduled it also drafts by "
+                        "lookup, which answers that repeat themselves accept)")
+    p.add_argument("--engine-policy", default="scheduled", choices=["none", "scheduled"],
+                   help="with --backend engine: 'scheduled' verifies lookup drafts copied from each answer's own "
+                        "context (lossless: the answers keep the target's distribution), 'none' decodes plainly")
     p.add_argument("--endpoint", default=None,
                    help="answer through an OpenAI-compatible server instead (e.g. http://localhost:8000); the local "
                         "target then only tokenises and writes Magpie prompts")
@@ -84,8 +88,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     if args.backend == "engine" and not args.endpoint:
         from ..serving import DSparkEngine
 
-        engine = DSparkEngine(model, policy="none", max_running_requests=args.batch_size, tokenizer=tokenizer,
-                              max_batch_tokens=args.batch_size * 1024)
+        engine = DSparkEngine(model, policy=args.engine_policy, max_running_requests=args.batch_size,
+                              tokenizer=tokenizer, max_batch_tokens=args.batch_size * 1024)
     regenerate_training_set(model, tokenizer, args.out, recipe, args.eval_dir or default_eval_dir(),
                             backend=args.backend, batch_size=args.batch_size, endpoint=args.endpoint,
                             model_name=args.model_name or args.target, api_key=args.api_key, engine=engine)
