@@ -7,6 +7,11 @@ drafter whenever held-out τ improves: commit both at the end of the session.
 
     nohup nice -n 19 .venv/bin/python scripts/train_continuous.py --threads 1 > runs/continuous.log 2>&1 &
 
+At the end of a session, stop it and cool a copy down (the rate decaying to zero; it ships the copy when it is the
+best yet and leaves the run's own checkpoint as it was):
+
+    .venv/bin/python scripts/train_continuous.py --cool-down 150 --threads 2
+
 The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens) is built on first
 use under runs/. Documentation whose licence keeps it out of the repository is read from runs/human/ when present
 (``python -m hf_dspark.training.document_text``).
@@ -22,7 +27,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import ContinuousRecipe, train_continuously
+from hf_dspark.training.continuous import ContinuousRecipe, cool_down, train_continuously
 from hf_dspark.training.target_cache import build_target_cache
 from hf_dspark.training.validation import greedy_answer_records
 
@@ -50,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="blocks per sequence: 64 balances the prefill a sequence costs against its blocks on CPU")
     p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cool-down", type=int, metavar="STEPS", default=None,
+                   help="score (and ship if best) a copy of the run trained STEPS more steps with a decaying rate, "
+                        "then exit")
     p.add_argument("--plot", action="store_true",
                    help="draw the curve (curve.png beside --curve, the shipped drafter as reference) and exit")
     return p.parse_args(argv)
@@ -95,6 +103,9 @@ def main(argv=None) -> None:
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
         bf16_features=not args.no_bf16_features)
+    if args.cool_down:
+        cool_down(target, tokenizer, recipe, args.cool_down)
+        return
     train_continuously(target, tokenizer, recipe)
 
 

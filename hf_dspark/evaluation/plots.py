@@ -191,9 +191,12 @@ def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
     fig, (ax,) = _new_figure(1, panel_size=(6.0, 3.8))
     sets = sorted({name for row in rows for name in row["heldout"]})
     for name, color in zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
-        points = [(row["train_tokens"] / 1e6, row["heldout"][name]["tau_greedy"]) for row in rows
-                  if name in row["heldout"]]
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", color=color, label=f"{name}")
+        for cooled, style in ((False, {"marker": "o"}), (True, {"marker": "*", "markersize": 11, "linestyle": ""})):
+            points = [(row["train_tokens"] / 1e6, row["heldout"][name]["tau_greedy"]) for row in rows
+                      if name in row["heldout"] and bool(row.get("cool_down_steps")) == cooled]
+            if points:
+                ax.plot([x for x, _ in points], [y for _, y in points], color=color,
+                        label=f"{name}: cooled-down copy" if cooled else name, **style)
         if reference and name in reference:
             ax.axhline(reference[name], color=color, linestyle="--", alpha=0.6, label=f"{name}: shipped drafter")
     ax.set(xlabel="training tokens (millions, all sessions)", ylabel="held-out τ (greedy, full block)")

@@ -15,6 +15,11 @@ One call of :func:`train_continuously` is one session's share of a run that span
    weights go to ``best_dir`` for the session to commit.
 
 It stops at ``max_hours`` or when killed; nothing is lost but the steps since the last evaluation.
+
+The run's own weights train at a constant rate, so they carry the rate's noise: :func:`cool_down` (at the end of a
+session) continues a copy of them for a few hundred steps with the rate decaying to zero, scores that copy as a row
+of its own (``cool_down_steps`` set) and ships it when it is the best yet, while the run itself goes on from its
+uncooled checkpoint — the warm-up / stable / decay practice of runs that do not know their length.
 """
 
 from __future__ import annotations
@@ -118,6 +123,11 @@ def save_bf16(drafter, out_dir: str | os.PathLike) -> Path:
     return out
 
 
+def best_row(curve: list[dict]) -> dict | None:
+    """The row whose drafter is in ``best_dir`` (the first of equals, as the run only ever writes on improvement)."""
+    return max(curve, key=held_out_tau, default=None)
+
+
 def read_curve(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if not path.is_file():
@@ -171,7 +181,7 @@ def train_continuously(target, tokenizer, recipe: ContinuousRecipe) -> list[dict
     trainer = DSparkTrainer(drafter, dataset(), config, accelerator=make_accelerator("no"))
     run_dir = Path(recipe.run_dir)
     curve = read_curve(recipe.curve_file)
-    tokens = curve[-1]["train_tokens"] if curve else 0
+    tokens = best_row(curve)["train_tokens"] if curve else 0  # what the committed drafter we start from has seen
     checkpoint = trainer.latest_checkpoint(must_exist=False)
     if checkpoint is not None and (run_dir / PROGRESS_NAME).is_file():  # this session crashed: go on from there
         trainer.load_checkpoint(checkpoint, exact=False)
@@ -205,6 +215,51 @@ def train_continuously(target, tokenizer, recipe: ContinuousRecipe) -> list[dict
     return rows
 
 
+def cool_down(target, tokenizer, recipe: ContinuousRecipe, steps: int, warmup_steps: int = 10) -> dict:
+    """Score a cooled-down copy of the run: its latest checkpoint (else the committed drafter) trained ``steps`` more
+    steps with a fresh optimizer, the rate warming up then decaying to zero (cosine), on the same data. The row goes
+    to the curve with ``cool_down_steps``; the copy goes to ``best_dir`` when it beats every earlier row. The run's
+    checkpoint is left as it was: the next session continues the uncooled weights."""
+    from safetensors.torch import load_file
+
+    drafter = start_drafter(target, recipe)
+    curve = read_curve(recipe.curve_file)
+    tokens, step = (best_row(curve)["train_tokens"], best_row(curve)["step"]) if curve else (0, 0)
+    latest = Path(recipe.run_dir) / "latest"
+    if latest.is_file() and (Path(recipe.run_dir) / PROGRESS_NAME).is_file():
+        checkpoint = Path(recipe.run_dir) / latest.read_text().strip()
+        drafter.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=True)
+        progress = json.loads((Path(recipe.run_dir) / PROGRESS_NAME).read_text())
+        tokens, step = progress["train_tokens"], progress["step"]
+        logger.info("Cooling down a copy of %s (%d tokens)", checkpoint, tokens)
+    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval() if recipe.bf16_features else target
+    dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(recipe.data)),
+                                   drafter.config.target_layer_ids, max_length=recipe.max_length,
+                                   feature_target=feature_target, logsumexp=drafter.draft_to_target is not None,
+                                   progress=False)
+    config = DSparkTrainingConfig(
+        output_dir=str(Path(recipe.run_dir) / "cool-down"), max_steps=steps, per_device_batch_size=recipe.batch_size,
+        gradient_accumulation_steps=recipe.grad_accum, learning_rate=recipe.lr, num_anchors=recipe.num_anchors,
+        loss=LossConfig.for_head(drafter.config.sequential_head), seed=recipe.seed + step, schedule="cosine",
+        warmup_steps=warmup_steps, progress=False)
+    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator("no"))
+    start, loss = time.monotonic(), 0.0
+    for _ in range(steps):
+        stats, info = trainer.training_step()
+        tokens += info["num_tokens"]
+        loss += stats.summary(config.loss)["loss"] / steps
+    trainer.step = step  # the row is the run's step it branched from
+    row = _evaluate(trainer, TargetCacheDataset(recipe.heldout_cache), recipe, tokens, loss)
+    row["cool_down_steps"] = steps
+    row["train_seconds"] = round(time.monotonic() - start, 1)
+    if held_out_tau(row) > max((held_out_tau(r) for r in curve), default=float("-inf")):
+        save_bf16(trainer.drafter, recipe.best_dir)
+        logger.info("Cooled-down held-out τ %.3f is the best yet: drafter written to %s", held_out_tau(row),
+                    recipe.best_dir)
+    _append(recipe.curve_file, row)
+    return row
+
+
 def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: float) -> dict:
     scores = score_prompt_sets(trainer.drafter, heldout)
     row = {"session": recipe.session, "step": trainer.step, "train_tokens": int(tokens),
@@ -225,4 +280,5 @@ def _append(path: str | os.PathLike, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-__all__ = ["ContinuousRecipe", "convert_layer_style", "read_curve", "save_bf16", "train_continuously"]
+__all__ = ["ContinuousRecipe", "best_row", "convert_layer_style", "cool_down", "read_curve", "save_bf16",
+           "train_continuously"]

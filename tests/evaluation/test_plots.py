@@ -67,5 +67,8 @@ def test_plot_training_curve(tmp_path):
 
     rows = [{"train_tokens": t, "heldout": {"chat": {"tau_greedy": 1.3 + t / 1e7}, "code": {"tau_greedy": 1.4}}}
             for t in (0, 2e5, 4e5)]
-    assert_png(plot_training_curve(rows, tmp_path / "curve.png", reference={"chat": 1.42, "code": 1.45},
-                                   title="held-out τ"))
+    cooled = {"train_tokens": 5e5, "cool_down_steps": 150, "heldout": {"chat": {"tau_greedy": 1.36},
+                                                                         "code": {"tau_greedy": 1.43}}}
+    out = plot_training_curve(rows + [cooled], tmp_path / "curve.png", reference={"chat": 1.42, "code": 1.45},
+                              title="held-out τ")
+    assert_png(out)

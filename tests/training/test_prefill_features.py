@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ def _heldout_cache(target, tokenizer, path):
 
 
 def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_them(tmp_path, tokenizer, single_thread):
-    from hf_dspark.training.continuous import ContinuousRecipe, read_curve, train_continuously
+    from hf_dspark.training.continuous import ContinuousRecipe, best_row, read_curve, train_continuously
 
     target = make_tiny_llama(num_layers=4).eval()
     torch.manual_seed(0)
@@ -119,11 +120,50 @@ def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_the
     from safetensors import safe_open
     with safe_open(str(tmp_path / "best" / "model.safetensors"), framework="pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys() if f.get_tensor(k).is_floating_point()} == {torch.bfloat16}
-    # the next session continues from the committed drafter and the curve's token count
+    # the next session continues from the committed drafter and the token count of the row it was written at
     extra = [{**r, "id": f"new{i}"} for i, r in enumerate(make_chat_records(4, seed=3))]
     data.write_text(data.read_text() + "".join(json.dumps(r) + "\n" for r in extra))
     next_session = ContinuousRecipe(**{**recipe.__dict__, "run_dir": str(tmp_path / "run2"), "init_from": None,
                                        "max_evaluations": 1, "session": "s2"})
     more = train_continuously(target, tokenizer, next_session)
-    assert len(more) == 1 and more[0]["session"] == "s2" and more[0]["train_tokens"] > rows[-1]["train_tokens"]
+    assert len(more) == 1 and more[0]["session"] == "s2"
+    assert more[0]["train_tokens"] > best_row(rows)["train_tokens"]
     assert more[0]["samples"] == 16
+
+
+def test_cool_down_scores_a_decayed_copy_and_leaves_the_run_as_it_was(tmp_path, tokenizer, single_thread):
+    from hf_dspark.training.continuous import ContinuousRecipe, cool_down, read_curve, train_continuously
+
+    target = make_tiny_llama(num_layers=4).eval()
+    torch.manual_seed(0)
+    DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8, target_layer_ids=LAYERS
+                                 ).save_pretrained(tmp_path / "init")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_chat_records(12)))
+    _heldout_cache(target, tokenizer, tmp_path / "heldout")
+    recipe = ContinuousRecipe(data=[str(data)], heldout_cache=str(tmp_path / "heldout"), run_dir=str(tmp_path / "run"),
+                              best_dir=str(tmp_path / "best"), curve_file=str(tmp_path / "curve.jsonl"),
+                              init_from=str(tmp_path / "init"), eval_every=3, max_evaluations=1, lr=3e-3,
+                              batch_size=2, num_anchors=8, bf16_features=False, session="s1")
+    run_rows = train_continuously(target, tokenizer, recipe)
+    checkpoint = tmp_path / "run" / (tmp_path / "run" / "latest").read_text().strip()
+    weights_before = (checkpoint / "model.safetensors").read_bytes()
+    progress = json.loads((tmp_path / "run" / "progress.json").read_text())
+    # a cooled copy that scores below the best row must not replace the committed drafter
+    best_before = (tmp_path / "best" / "model.safetensors").read_bytes()
+    with open(recipe.curve_file, "a") as f:  # an unbeatable earlier row
+        f.write(json.dumps({**run_rows[-1], "heldout": {k: {**v, "tau_greedy": 99.0}
+                                                        for k, v in run_rows[-1]["heldout"].items()}}) + "\n")
+    row = cool_down(target, tokenizer, recipe, steps=4, warmup_steps=1)
+    assert read_curve(recipe.curve_file)[-1] == row and row["cool_down_steps"] == 4
+    assert row["step"] == progress["step"] == 3 and row["train_tokens"] > progress["train_tokens"]
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() == best_before
+    assert (checkpoint / "model.safetensors").read_bytes() == weights_before  # the run goes on uncooled
+    # once every earlier row scores below it, the cooled copy is the best yet and ships
+    Path(recipe.curve_file).write_text("".join(
+        json.dumps({**r, "heldout": {k: {**v, "tau_greedy": 0.0} for k, v in r["heldout"].items()}}) + "\n"
+        for r in read_curve(recipe.curve_file)))
+    again = cool_down(target, tokenizer, recipe, steps=2, warmup_steps=1)
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() != best_before
+    shipped = DSparkDraftModel.from_pretrained(tmp_path / "best", target=target)
+    assert shipped.config.dtype in ("bfloat16", torch.bfloat16) and again["cool_down_steps"] == 2
