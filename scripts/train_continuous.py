@@ -13,8 +13,9 @@ best yet and leaves the run's own checkpoint as it was):
     .venv/bin/python scripts/train_continuous.py --cool-down 150 --threads 2
 
 The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens) is built on first
-use under runs/. Documentation whose licence keeps it out of the repository is read from runs/human/ when present
-(``python -m hf_dspark.training.document_text``).
+use under runs/. It trains on the target's own answers (data/smollm2*/, grown by ``hf-dspark regenerate`` beside
+it); --with-human-text adds human-written text and documentation (``python -m hf_dspark.training.document_text``;
+what licences keep out of the repository is read from runs/human/ when present).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ from hf_dspark.training.continuous import ContinuousRecipe, cool_down, train_con
 from hf_dspark.training.target_cache import build_target_cache
 from hf_dspark.training.validation import greedy_answer_records
 
-DATA = ["data/smollm2/train.jsonl", "data/smollm2-magpie/train.jsonl", "data/smollm2-diverse/train.jsonl",
-        "data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz",
-        "runs/human/*.jsonl.gz"]
+# The target's own answers (on-policy) beat them mixed with human-written text at equal steps on held-out prompts
+# (BENCHMARKS.md, "Which data"): human text is opt-in.
+ON_POLICY = ["data/smollm2/train.jsonl", "data/smollm2-magpie/train.jsonl", "data/smollm2-diverse/train.jsonl"]
+HUMAN_TEXT = ["data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz", "runs/human/*.jsonl.gz"]
 HELDOUT = ["data/heldout/chat.jsonl", "data/heldout/code.jsonl"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", nargs="+", default=DATA, help="chat-record files or glob patterns")
+    p.add_argument("--data", nargs="+", default=ON_POLICY, help="chat-record files or glob patterns")
+    p.add_argument("--with-human-text", action="store_true",
+                   help="also train on human-written text and installed documentation (" + " ".join(HUMAN_TEXT) + ")")
     p.add_argument("--run-dir", default="runs/continuous")
     p.add_argument("--best-dir", default="drafter_training/smollm2/drafter")
     p.add_argument("--curve", default="drafter_training/smollm2/curve.jsonl")
@@ -99,7 +103,7 @@ def main(argv=None) -> None:
         plot(args, target)
         return
     recipe = ContinuousRecipe(
-        data=args.data, heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
+        data=args.data + (HUMAN_TEXT if args.with_human_text else []), heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
         bf16_features=not args.no_bf16_features)

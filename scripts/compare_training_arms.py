@@ -1,0 +1,97 @@
+"""Equal-budget training arms from one drafter: which data and which learning-rate schedule win on held-out prompts.
+
+Each arm continues the same starting drafter for --steps optimizer steps (fresh optimizer, batch 4, 64 anchors, the
+continuous run's settings) and is scored on the fixed held-out cache (greedy τ, full block). An arm is
+``DATA-SCHEDULE``: DATA is ``onpolicy`` (the target's own answers, data/smollm2*/) or ``mix`` (those plus
+human-written text and documentation, what scripts/train_continuous.py --with-human-text reads); SCHEDULE is
+``constant`` (the continuous run's rate) or ``cosine`` (warm-up, then decaying to zero: what --cool-down does).
+
+    nice -n 19 .venv/bin/python scripts/compare_training_arms.py --start drafter_training/smollm2/drafter \\
+        --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
+
+Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from train_continuous import HUMAN_TEXT, ON_POLICY
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.loading import load_target
+from hf_dspark.training.losses import LossConfig
+from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
+from hf_dspark.training.target_cache import TargetCacheDataset
+from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
+from hf_dspark.training.validation import score_prompt_sets
+
+DATA = {"onpolicy": ON_POLICY, "mix": ON_POLICY + HUMAN_TEXT}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--start", required=True, help="the drafter every arm starts from")
+    p.add_argument("--arms", nargs="+", required=True, help="DATA-SCHEDULE, e.g. onpolicy-cosine")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    for arm in args.arms:
+        data, _, schedule = arm.partition("-")
+        if data not in DATA or schedule not in ("constant", "cosine"):
+            p.error(f"arm {arm!r}: DATA must be one of {sorted(DATA)}, SCHEDULE constant or cosine")
+    return args
+
+
+def run_arm(target, tokenizer, feature_target, heldout, args, arm: str) -> dict:
+    data, _, schedule = arm.partition("-")
+    drafter = DSparkDraftModel.from_pretrained(args.start, target=target).float()
+    dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(DATA[data])),
+                                   drafter.config.target_layer_ids, max_length=1024, feature_target=feature_target,
+                                   logsumexp=drafter.draft_to_target is not None, progress=False)
+    config = DSparkTrainingConfig(
+        output_dir=str(Path(args.out) / f"run-{arm}"), max_steps=args.steps, per_device_batch_size=4,
+        gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=64, seed=args.seed,
+        loss=LossConfig.for_head(drafter.config.sequential_head), schedule=schedule, warmup_steps=10, progress=False)
+    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator("no"))
+    start, tokens, loss = time.monotonic(), 0, 0.0
+    for _ in range(args.steps):
+        stats, info = trainer.training_step()
+        tokens += info["num_tokens"]
+        loss += stats.summary(config.loss)["loss"] / args.steps
+    scores = score_prompt_sets(trainer.drafter, heldout)
+    return {"arm": arm, "seed": args.seed, "steps": args.steps, "tokens": tokens, "loss": round(loss, 4),
+            "seconds": round(time.monotonic() - start), "start": args.start,
+            "heldout": {name: {"tau": round(s["tau_greedy"], 4),
+                               "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}
+                        for name, s in scores.items()}}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target()
+    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval()
+    heldout = TargetCacheDataset(args.heldout_cache)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for arm in args.arms:
+        row = run_arm(target, tokenizer, feature_target, heldout, args, arm)
+        print(json.dumps(row), flush=True)
+        with (out / "arms.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
