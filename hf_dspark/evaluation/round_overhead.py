@@ -473,7 +473,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> dict:
-    """``scripts/bench_overhead.py``: run, print the tables, write them under ``--out``; returns the JSON document."""
+    """``scripts/bench_overhead.py``: run, log the tables, write them under ``--out``; returns the JSON document."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("hf_dspark").setLevel(logging.WARNING)  # one stats line per generate call otherwise
     logger.setLevel(logging.INFO)  # this benchmark's own progress lines
@@ -484,10 +484,10 @@ def main(argv=None) -> dict:
     table = markdown_table(results)
     growth = growth_table(results)
     report = table + ("\n\nGrowth of ms/round with N:\n\n" + growth if growth else "")
-    print(report)
+    logger.info("\n%s", report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_overhead.json").write_text(json.dumps(doc, indent=1))
         (args.out / "bench_overhead.md").write_text(report + "\n")
-        print(f"wrote {args.out / 'bench_overhead.json'}")
+        logger.info("wrote %s", args.out / "bench_overhead.json")
     return doc
