@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import pty
 import re
 import select
@@ -104,19 +105,40 @@ import json, sys, time
 from hf_dspark import cli, loading
 from hf_dspark.generation import chat
 
+import transformers
+
 sessions, load_target, post_init = [], loading.load_target, chat.ChatSession.__post_init__
+replies, streamed, stalled = [0], [0], [False]
+reply, on_text = chat.ChatSession.reply, transformers.TextStreamer.on_finalized_text
 
 def keep_session(self):
     post_init(self)
     sessions.append(self)
 
+def count_replies(self, *args, **kwargs):
+    replies[0] += 1
+    return reply(self, *args, **kwargs)
+
+def count_words(self, text, stream_end=False):
+    streamed[0] += len(text.split())
+    return on_text(self, text, stream_end=stream_end)
+
+def slow_forward(*_):
+    time.sleep(float(sys.argv[2]))
+    if replies[0] == 1 and streamed[0] >= 2 and not stalled[0]:  # the first reply has shown two words: hold it
+        stalled[0] = True  # until Ctrl-C stops it, so it cannot finish before the keystroke arrives however loaded
+        deadline = time.monotonic() + 60  # the machine is (the test fails if no SIGINT comes)
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
 def slow_target(*args, **kwargs):  # slow enough that a reply is still running when Ctrl-C arrives
     model, tokenizer = load_target(*args, **kwargs)
-    model.register_forward_pre_hook(lambda *_: time.sleep(float(sys.argv[2])))
+    model.register_forward_pre_hook(slow_forward)
     model.generation_config.eos_token_id = None  # every reply runs to --max-new-tokens
     return model, tokenizer
 
-chat.ChatSession.__post_init__, loading.load_target = keep_session, slow_target
+chat.ChatSession.__post_init__, chat.ChatSession.reply, loading.load_target = keep_session, count_replies, slow_target
+transformers.TextStreamer.on_finalized_text = count_words
 try:
     code = cli.main(sys.argv[3:])
 finally:
@@ -125,6 +147,7 @@ finally:
 sys.exit(code)
 """
 MAX_NEW_TOKENS = 40
+_READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}  # what /proc/<pid>/syscall starts with while blocked in read()
 FORWARD_DELAY_S = 0.05
 
 
@@ -139,6 +162,25 @@ class Terminal:
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
+
+    def type_at_prompt(self, text: str, timeout: float = 30.0) -> None:
+        """Type once the child is blocked reading the terminal. A SIGINT that lands after ``input()`` printed its
+        prompt but before its ``read`` began is only acted on when that read returns (CPython checks signals between
+        bytecodes and on EINTR), and the terminal discards the typed ^C: typing as soon as the prompt shows races
+        the child, and on a loaded machine the child loses."""
+        read_syscall = _READ_SYSCALL.get(platform.machine())
+        deadline = time.monotonic() + timeout
+        while read_syscall is not None and time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{self.pid}/syscall").read_text().split(" ", 1)[0] == read_syscall:
+                    break
+            except OSError:  # no /proc (not Linux): fall back to a pause
+                read_syscall = None
+                break
+            time.sleep(0.02)
+        if read_syscall is None:
+            time.sleep(1.0)
+        self.type(text)
 
     def expect(self, pattern: str, timeout: float = 120.0, start: int = 0) -> re.Match:
         deadline = time.monotonic() + timeout
@@ -182,18 +224,19 @@ def test_ctrl_c_in_a_terminal_stops_the_reply_and_keeps_the_chat(tiny_target_dir
             str(path), "--drafter", str(path / "drafter"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--threads", "1"]
     term = Terminal(argv, env)
     term.expect(r"> ")
-    term.type(prompt + "\r")
+    term.type_at_prompt(prompt + "\r")
     echoed = term.expect(re.escape(prompt) + r"\r?\n")
-    term.expect(r"w\d+ w\d+ ", timeout=60, start=echoed.end())  # the reply is streaming
+    term.expect(r"w\d+ w\d+", timeout=60, start=echoed.end())  # the reply is streaming (and held there)
     term.type("\x03")  # Ctrl-C, as typed: the terminal sends SIGINT
     stopped = term.expect(r"\[reply stopped", timeout=30)
     term.expect(r"> ", start=stopped.end())
-    term.type("w8 w9\r")  # the chat goes on
+    term.type_at_prompt("w8 w9\r")  # the chat goes on
     done = term.expect(r"tok/s", timeout=120, start=stopped.end())
     term.expect(r"> ", start=done.end())
-    term.type("\x03")
+    term.type_at_prompt("\x03")
     hint = term.expect(r"Ctrl-C again", timeout=30, start=done.end())
-    term.type("\x03")
+    term.expect(r"> ", start=hint.end())
+    term.type_at_prompt("\x03")
     assert term.wait() == 130, term.output
     assert "Traceback" not in term.output and "KeyboardInterrupt" not in term.output[hint.end():]
     messages = json.loads(messages_file.read_text())
