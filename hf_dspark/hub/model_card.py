@@ -232,6 +232,7 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "hf_dspark_version": __version__, "model_id": repo_id or "<your-org>/<drafter>",
         "model_name": (repo_id or "dspark-drafter").split("/")[-1], "method": method_name(config),
         "target_id": base_model_id(config) or config.target_name_or_path, "target_family": config.target_family,
+        "layer_style": config.target_family if config.draft_layer_style == "target" else config.draft_layer_style,
         "block_size": config.block_size, "num_layers": config.num_hidden_layers,
         "target_layer_ids": config.target_layer_ids, "num_target_layers": config.num_target_layers,
         "mask_token_id": config.mask_token_id,

@@ -155,3 +155,16 @@ def test_card_says_where_the_sequential_bias_is_added(qwen3_draft):
             render_model_card(qwen3_draft))
     finally:
         qwen3_draft.config.sequential_top_k = saved
+
+
+def test_layer_row_names_the_drafters_own_layer_style_not_the_targets_family():
+    """A new drafter builds Qwen3-style layers for any target (they export to speculators): a Llama target's card
+    must not call them Llama-style."""
+    target = make_tiny_llama()
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, target_layer_ids=[0, 1])
+    assert draft.config.target_family == "llama" and draft.config.draft_layer_style == "qwen3"
+    text = str(render_model_card(draft, DraftCardInfo()))
+    assert "| draft layers | 1 (qwen3-style, sized like the target) |" in text
+    draft.config.draft_layer_style = "target"  # a drafter built with the target family's own layer
+    assert "| draft layers | 1 (llama-style, sized like the target) |" in str(render_model_card(draft, DraftCardInfo()))
