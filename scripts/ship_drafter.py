@@ -1,9 +1,12 @@
 """Package a trained, calibrated drafter: cast it (bf16 by default), write it with its generated model card, and
 keep a copy of the card in model_cards/. This is how hf_dspark/checkpoints/smollm2-135m-instruct-dspark is made:
 
-    python scripts/ship_drafter.py --drafter runs/smollm2-markov/calibrated --run runs/smollm2-markov \\
-        --cache runs/cache/smollm2 --eval runs/eval-smollm2/results.json \\
+    python scripts/ship_drafter.py --drafter runs/calib/calibrated --curve drafter_training/smollm2/curve.jsonl \\
+        --greedy-calibration runs/calib/greedy/calibration.json --confidence-threshold 0.25 \\
         --out hf_dspark/checkpoints/smollm2-135m-instruct-dspark --card model_cards/smollm2-135m-instruct-dspark.md
+
+(a drafter of the continuous run: ``--curve`` puts its training tokens and its held-out τ and per-position
+acceptance into the card; a drafter of ``hf-dspark train`` takes ``--run``/``--cache``/``--eval`` instead).
 """
 
 from __future__ import annotations
@@ -39,6 +42,28 @@ def evaluation_table(results_path: Path, drafter_name: str, baseline_name: str |
     return table
 
 
+def curve_summary(curve_path: Path, data: str | None) -> tuple[dict, dict[str, dict]]:
+    """Training summary and held-out rows of the best row of a continuous run's ``curve.jsonl`` (the row whose
+    weights ``drafter/`` holds): tokens seen, steps, loss, and per held-out prompt set τ and acceptance."""
+    from hf_dspark.training.continuous import best_row, read_curve
+
+    row = best_row(read_curve(curve_path))
+    if row is None:
+        raise SystemExit(f"{curve_path} has no rows: train first (scripts/train_continuous.py)")
+    training = {"data": data or "the target's own answers (and, before 2.15 M tokens, human-written text)",
+                "training tokens": f"{row['train_tokens']:,} (all sessions of the continuous run)",
+                "final loss": row["train_loss"]}
+    if row.get("cool_down_steps"):
+        training["cool-down"] = f"{row['cool_down_steps']} steps with the rate decaying to zero"
+    evaluation = {}
+    for name, scores in row["heldout"].items():
+        evaluation[f"held-out {name} ({curve_path.parent.name} curve)"] = {
+            "tau": round(scores["tau_greedy"], 3),
+            "acceptance at positions 1..γ (given the drafts before it were accepted)":
+                " / ".join(f"{a:.2f}" for a in scores["acceptance"])}
+    return training, evaluation
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", required=True, help="trained (and calibrated) drafter directory")
@@ -48,6 +73,8 @@ def main() -> None:
     p.add_argument("--cache", default=None, help="target cache directory (data size) for the card")
     p.add_argument("--data", default=None, help="one-line description of the training data for the card")
     p.add_argument("--eval", default=None, help="hf-dspark eval results.json for the τ table")
+    p.add_argument("--curve", default=None,
+                   help="curve.jsonl of a continuous run: training tokens and held-out τ of its best row for the card")
     p.add_argument("--eval-name", default="DSpark", help="this drafter's name in results.json")
     p.add_argument("--baseline-name", default="DFlash", help="baseline drafter shown next to it in the card")
     p.add_argument("--calibration", default=None, help="calibration.json (default: <drafter>/calibration.json)")
@@ -71,8 +98,10 @@ def main() -> None:
     info = DraftCardInfo(license="apache-2.0")
     if args.run or args.cache:
         info.training = summarize_training(args.cache, args.run, data=args.data)
+    if args.curve:
+        info.training, info.evaluation = curve_summary(Path(args.curve), args.data)
     if args.eval:
-        info.evaluation = evaluation_table(Path(args.eval), args.eval_name, args.baseline_name)
+        info.evaluation.update(evaluation_table(Path(args.eval), args.eval_name, args.baseline_name))
     calibration = Path(args.calibration or Path(args.drafter) / "calibration.json")
     if calibration.is_file():
         info.calibration = read_calibration(calibration)

@@ -104,8 +104,8 @@ def describe_plan(plan: LoadPlan) -> list[tuple[str, str]]:
     dropped = sorted(name for name in plan.tensors if plan.dialect.rename(name) is None)
     facts = [
         ("dialect", f"{plan.dialect.name} (config: {stored!r}, architectures: {arch})"),
-        ("architecture", f"{config.drafter_architecture}: {config.num_hidden_layers} draft layer(s) of the "
-                         f"{config.target_family} family, hidden {tcfg.get('hidden_size')}, "
+        ("architecture", f"{config.drafter_architecture}: {config.num_hidden_layers} draft layer(s), "
+                         f"{_layer_style(config)}, hidden {tcfg.get('hidden_size')}, "
                          f"{tcfg.get('num_attention_heads')} heads / {tcfg.get('num_key_value_heads')} kv heads"),
         ("heads", _heads(config)),
         ("vocabulary", _vocabulary(plan)),
@@ -119,6 +119,13 @@ def describe_plan(plan: LoadPlan) -> list[tuple[str, str]]:
                        if dropped else "")),
     ]
     return facts
+
+
+def _layer_style(config) -> str:
+    """Which layer the drafter builds: its own Qwen3-style layer (what speculators / vLLM build) or its target's."""
+    if config.draft_layer_style == "target":
+        return f"{config.target_family}-style (the target family's layer)"
+    return f"{config.draft_layer_style}-style (q/k norms) for a {config.target_family} target"
 
 
 def describe_checkpoint(path, target=None, **kwargs) -> CheckpointReport:

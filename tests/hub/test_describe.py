@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_qwen3
+from conftest import make_tiny_llama, make_tiny_qwen3
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.hub import describe_checkpoint, save_as_speculators
@@ -64,13 +64,25 @@ def test_transformers_dflash_assistant_needs_its_target(tmp_path):
     assert "--verifier" in str(report)
 
 
-def test_shipped_drafter_says_what_it_records_and_why_it_does_not_export():
+def test_shipped_drafter_says_what_it_records_and_that_it_exports():
     report = describe_checkpoint(SHIPPED)
     f = facts(report)
     assert report.loads and report.dialect == "native"
     assert "top-64" in f["drafting"]  # what it was calibrated with; the lead decides what ships
     assert f["vocabulary"].startswith("reduced: 8192 of 49152")
-    assert "not to speculators" in str(report) and "q/k" in str(report)
+    assert "qwen3-style (q/k norms) for a llama target" in f["architecture"]  # the layer speculators / vLLM build
+    assert not report.export and not report.export_speculators_only  # nothing stands in the way of either
+    assert "exports       to speculators / vLLM" in str(report)
+
+
+def test_a_drafter_with_its_targets_llama_layers_says_why_it_does_not_export(tmp_path):
+    torch.manual_seed(0)  # Llama-style layers have no q/k norms, which speculators / vLLM always build
+    draft = DSparkDraftModel.from_target(make_tiny_llama(), num_layers=1, block_size=4, markov_rank=8,
+                                         draft_layer_style="target")
+    draft.save_pretrained(tmp_path)
+    report = describe_checkpoint(tmp_path)
+    assert "llama-style (the target family's layer)" in facts(report)["architecture"]
+    assert report.export and "not to speculators" in str(report) and "q/k" in str(report)
 
 
 def test_unknown_format_is_refused_with_the_reason(tmp_path):

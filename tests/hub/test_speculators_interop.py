@@ -46,3 +46,32 @@ def test_speculators_loads_and_runs_our_exports(tmp_path):
         assert result["forward"]["logits_max_abs_diff"] <= 1e-5, name
     assert results["dspark-markov-reduced-vocab"]["speculators_class"] == "DSparkDraftModel"
     assert results["dflash-upstream-convention"]["speculators_class"] == "DFlashDraftModel"
+
+
+@pytest.mark.interop
+def test_speculators_loads_and_runs_the_shipped_drafter(tmp_path):
+    """The embedded default drafter leaves for vLLM intact: speculators loads its export with no missing or unexpected
+    keys, equal tensors, and logits / confidences equal to ours up to fp32 rounding (relative to their size: a
+    trained drafter's logits reach tens)."""
+    from hf_dspark.embedded import locate_gguf
+
+    try:
+        locate_gguf()
+    except (FileNotFoundError, ImportError) as err:
+        pytest.skip(f"no embedded target: {err}")
+    out = tmp_path / "interop.json"
+    cmd = [sys.executable, str(SCRIPT), "--shipped", "--json", str(out)]
+    if os.environ.get("HF_DSPARK_INTEROP_SITE"):
+        cmd += ["--site", os.environ["HF_DSPARK_INTEROP_SITE"]]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode == SKIP:
+        pytest.skip(f"speculators could not be installed: {proc.stderr.strip()[-500:]}")
+    assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["ok"], result["problems"]
+    assert result["speculators_class"] == "DSparkDraftModel" and result["tensors_checked"] > 0
+    assert result["loading_info"]["missing_keys"] == [] and result["loading_info"]["unexpected_keys"] == []
+    forward = result["forward"]
+    assert forward["logits_max_abs_diff"] <= 1e-5 * forward["logits_max_abs"]
+    assert forward["confidence_max_abs_diff"] <= 1e-5 * max(1.0, forward["confidence_max_abs"])
