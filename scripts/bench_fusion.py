@@ -11,7 +11,8 @@ Arms, every generation run by each of them in rotating order on the same input:
 and, on request (``--arms``): "plain, skinny linears" / "prompt lookup, skinny linears" (the peers with the CPU
 kernels hf-dspark's loop uses, ``hf_dspark.cpu_kernels.loop_kernels``: what is speculation and what is the
 kernel), "fused, stock linears" (``dspark_cpu_linears=False``), "no proposals", "fused, no prefix cache" and the
-engine arms.
+engine arms. ``--compare-drafter DIR`` runs every drafter arm a second time with another drafter ("fused, compared
+drafter", ...), interleaved with the rest: a new drafter against the shipped one on the same inputs.
 
 Workloads: the benchmark prompts (gsm8k, math500, humaneval, mbpp, mt-bench turn 1, and mt-bench turn 2, which
 re-reads the turn-1 answer plain greedy wrote), the fixed held-out prompts no recipe trains on (``data/heldout``:
@@ -52,7 +53,7 @@ HELDOUT_DIR = Path(__file__).resolve().parents[1] / "data" / "heldout"
 DEFAULT_ARMS = ("plain", "prompt lookup", "lookup only", "DSpark only", "fused")
 
 
-def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
+def arms(drafter, names=DEFAULT_ARMS, compare=None) -> dict[str, dict]:
     """Each hf-dspark arm keeps its own lookup-history scope: an arm may reuse text of its own earlier calls (as a
     user's later requests would), never the answer another arm just produced for the same input. "no proposals"
     (hf-dspark's round with the "none" policy: every round one plain step) measures what the loop itself costs.
@@ -77,7 +78,12 @@ def arms(drafter, names=DEFAULT_ARMS) -> dict[str, dict]:
     if unknown or not {"plain", "prompt lookup"} <= set(names):
         raise SystemExit(f"--arms: {sorted(unknown)} unknown; choose from {list(every)} (plain and prompt lookup "
                          "are the references every ratio needs)")
-    return {name: every[name] for name in names}
+    chosen = {name: every[name] for name in names}
+    if compare is not None:  # another drafter in the drafter arms, under salts of its own: it shares nothing
+        for name in [n for n in names if every[n].get("assistant_model") is drafter]:
+            chosen[f"{name}, compared drafter"] = {**every[name], "assistant_model": compare,
+                                                   "dspark_cache_salt": f"{name}, compared drafter"}
+    return chosen
 
 
 def render(tokenizer, messages: list[dict]) -> torch.Tensor:
@@ -88,9 +94,10 @@ def render(tokenizer, messages: list[dict]) -> torch.Tensor:
 class Runner:
     """Runs one input through every arm (rotating the order), records seconds, tokens, identity and stats."""
 
-    def __init__(self, target, tokenizer, drafter, temperature: float, seed: int, arm_names=DEFAULT_ARMS):
+    def __init__(self, target, tokenizer, drafter, temperature: float, seed: int, arm_names=DEFAULT_ARMS,
+                 compare=None):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.arms = arms(drafter, arm_names)
+        self.arms = arms(drafter, arm_names, compare)
         self.engines = {}
         for name, spec in self.arms.items():
             if "engine" in spec:  # built (and its step cost measured) before anything is timed
@@ -129,7 +136,7 @@ class Runner:
             record["seconds"].append(seconds)
             record["tokens"].append(len(new))
             if "assistant_model" in self.arms[name]:
-                record["stats"].append(self.drafter.stats)
+                record["stats"].append(self.arms[name]["assistant_model"].stats)
         if self.temperature == 0:
             for name, new in outputs.items():
                 self.records[workload][name]["identical"].append(new == outputs["plain"])
@@ -220,6 +227,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"arms to run (default: {', '.join(DEFAULT_ARMS)}; also: no proposals, "
                         "fused, no prefix cache, plain, skinny linears, prompt lookup, skinny linears, fused, stock "
                         "linears, engine, engine, no prefix cache)")
+    p.add_argument("--compare-drafter", default=None,
+                   help="a second drafter directory: every drafter arm also runs with it (\"<arm>, compared "
+                        "drafter\"), interleaved, e.g. the previously shipped drafter against a new one")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -233,9 +243,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target)
     drafter = load_drafter(args.drafter, target).model
+    compare = load_drafter(args.compare_drafter, target).model if args.compare_drafter else None
     eval_dir = default_eval_dir()
     warm = render(tokenizer, [{"role": "user", "content": "Say hello."}])
-    for extra in arms(drafter, args.arms).values():  # one-off costs (the step-cost profile, kernels) are not timed
+    for extra in arms(drafter, args.arms, compare).values():  # one-off costs (the step-cost profile, kernels) are not timed
         if "engine" in extra:
             continue  # the Runner builds the engines and measures their step cost before timing
         kwargs = {k: v for k, v in extra.items() if k != "skinny"}
@@ -243,7 +254,7 @@ def main(argv=None) -> int:
             target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, **kwargs)
     rows = []
     for temperature in args.temperatures:
-        runner = Runner(target, tokenizer, drafter, temperature, args.seed, args.arms)
+        runner = Runner(target, tokenizer, drafter, temperature, args.seed, args.arms, compare)
         if not args.skip_benchmarks:
             benchmark_workloads(runner, eval_dir, args.per_category, args.max_new_tokens, args.categories)
         if args.heldout:
