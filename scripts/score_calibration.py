@@ -18,12 +18,12 @@ from hf_dspark.training.calibration import calibration_report
 from hf_dspark.evaluation.recorder import RoundTrace
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", required=True, help="drafter directory whose config holds the fit")
     p.add_argument("--rounds", nargs="+", required=True, help="calibration_rounds / rounds-*.npz files")
     p.add_argument("--greedy", action="store_true", help="score the greedy fit (default: the sampling fit)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     config = json.loads((Path(args.drafter) / "config.json").read_text())
     prefix = "greedy_" if args.greedy else ""
     temperatures, offsets = config[f"{prefix}confidence_temperatures"], config.get(f"{prefix}confidence_offsets")
