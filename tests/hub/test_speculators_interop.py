@@ -22,10 +22,11 @@ SCRIPT = ROOT / "scripts" / "check_speculators_interop.py"
 SKIP = 3
 
 
-@pytest.mark.interop
-def test_speculators_loads_and_runs_our_exports(tmp_path):
+def run_interop_check(tmp_path, *args: str) -> tuple[dict, int]:
+    """The check script in its own process (speculators goes on that process's path only): its JSON summary and exit
+    status; skips when speculators cannot be installed here."""
     out = tmp_path / "interop.json"
-    cmd = [sys.executable, str(SCRIPT), "--json", str(out)]
+    cmd = [sys.executable, str(SCRIPT), *args, "--json", str(out)]
     if os.environ.get("HF_DSPARK_INTEROP_SITE"):
         cmd += ["--site", os.environ["HF_DSPARK_INTEROP_SITE"]]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -33,11 +34,16 @@ def test_speculators_loads_and_runs_our_exports(tmp_path):
     if proc.returncode == SKIP:
         pytest.skip(f"speculators could not be installed: {proc.stderr.strip()[-500:]}")
     assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    summary = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.returncode
+
+
+@pytest.mark.interop
+def test_speculators_loads_and_runs_our_exports(tmp_path):
+    summary, returncode = run_interop_check(tmp_path)
     results = {r["case"]: r for r in summary["results"]}
     failed = {name: r["problems"] for name, r in results.items() if not r["ok"]}
     assert not failed, failed
-    assert proc.returncode == 0
+    assert returncode == 0
     # every kind of export we write: full and reduced vocabulary, the three heads, self-contained, DFlash
     assert set(results) == {"dspark-markov-full", "dspark-markov-reduced-vocab", "dspark-gated", "dspark-rnn",
                             "dspark-markov-self-contained", "dflash-upstream-convention"}
@@ -59,17 +65,10 @@ def test_speculators_loads_and_runs_the_shipped_drafter(tmp_path):
         locate_gguf()
     except (FileNotFoundError, ImportError) as err:
         pytest.skip(f"no embedded target: {err}")
-    out = tmp_path / "interop.json"
-    cmd = [sys.executable, str(SCRIPT), "--shipped", "--json", str(out)]
-    if os.environ.get("HF_DSPARK_INTEROP_SITE"):
-        cmd += ["--site", os.environ["HF_DSPARK_INTEROP_SITE"]]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode == SKIP:
-        pytest.skip(f"speculators could not be installed: {proc.stderr.strip()[-500:]}")
-    assert out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    (result,) = json.loads(out.read_text())["results"]
+    summary, returncode = run_interop_check(tmp_path, "--shipped")
+    (result,) = summary["results"]
     assert result["ok"], result["problems"]
+    assert returncode == 0
     assert result["speculators_class"] == "DSparkDraftModel" and result["tensors_checked"] > 0
     assert result["loading_info"]["missing_keys"] == [] and result["loading_info"]["unexpected_keys"] == []
     forward = result["forward"]
