@@ -34,7 +34,8 @@ from hf_dspark.training.validation import greedy_answer_records
 
 # The target's own answers (on-policy) beat them mixed with human-written text at equal steps on held-out prompts
 # (BENCHMARKS.md, "Which data"): human text is opt-in.
-ON_POLICY = ["data/smollm2/train.jsonl", "data/smollm2-magpie/train.jsonl", "data/smollm2-diverse/train.jsonl"]
+# every regeneration folder (data/smollm2, -magpie, -diverse, -magpie2, ...): a new one joins at the next evaluation
+ON_POLICY = ["data/smollm2*/train.jsonl"]
 HUMAN_TEXT = ["data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz", "runs/human/*.jsonl.gz"]
 HELDOUT = ["data/heldout/chat.jsonl", "data/heldout/code.jsonl"]
 

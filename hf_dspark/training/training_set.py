@@ -25,11 +25,29 @@ from .regenerate import (SamplingSettings, regenerate_endpoint, regenerate_local
 
 logger = logging.getLogger(__name__)
 
+# Batch k of a Magpie synthesis uses system prompt k mod len: the kinds of request listed here are the spread of
+# what people ask a chat assistant. With only the generic four first used, the drafter reached τ 1.77 on new prompts of
+# that kind but 1.46 on hand-written chat: the target answers its own generic requests more formulaically.
+_ASSISTANT = "You are a helpful AI assistant. "
 MAGPIE_SYSTEMS = [
     None,
-    "You are a helpful AI assistant. Users ask you math word problems.",
-    "You are a helpful AI assistant. Users ask you to write Python code.",
-    "You are a helpful AI assistant. Users ask you for advice, explanations and writing help.",
+    _ASSISTANT + "Users ask you math word problems.",
+    _ASSISTANT + "Users ask you to write Python code.",
+    _ASSISTANT + "Users ask you for advice, explanations and writing help.",
+    _ASSISTANT + "Users ask for advice about personal situations with family, friends, neighbours, colleagues or money.",
+    _ASSISTANT + "Users ask why everyday things happen and how things in nature, science and the home work.",
+    _ASSISTANT + "Users ask you to write poems, short stories, jokes, songs, speeches and letters.",
+    _ASSISTANT + "Users ask you to play a character or to imagine a scenario and describe it.",
+    _ASSISTANT + "Users ask for your opinion, or for the pros and cons of a decision they face.",
+    _ASSISTANT + "Users ask you to compare options: products, skills, places, methods or ideas.",
+    _ASSISTANT + "Users ask step by step how to fix, cook, clean, grow, build or repair something.",
+    _ASSISTANT + "Users ask you to plan trips, events, budgets, routines and projects.",
+    _ASSISTANT + "Users paste a short text and ask you to summarise it, rewrite it or change its tone.",
+    _ASSISTANT + "Users ask about history, geography, philosophy, art and culture.",
+    _ASSISTANT + "Users ask about technology, computers, phones, the internet and software they use.",
+    _ASSISTANT + "Users ask about health, exercise, sleep, food and habits.",
+    _ASSISTANT + "Users ask for lists: ideas, names, gifts, activities, books or tips.",
+    _ASSISTANT + "Users ask about learning, studying, languages, jobs and careers.",
 ]
 SOURCES = ("gsm8k", "code")
 BACKENDS = ("generate", "engine")
