@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.embedded import load_target
+from hf_dspark.loading import load_target
 from hf_dspark.training.draft_vocabulary import (count_answer_tokens, count_text_tokens, coverage,
                                                  most_frequent_tokens, with_draft_vocabulary)
 
@@ -43,6 +43,9 @@ def main() -> None:
     p.add_argument("--caches", nargs="*", default=[])
     p.add_argument("--data", nargs="*", default=[])
     p.add_argument("--report-on", nargs="*", default=[])
+    p.add_argument("--keep-current", action="store_true",
+                   help="keep every token of the drafter's vocabulary (and its sequential-head rows) and add the most "
+                        "frequent others up to --size; without it the vocabulary is chosen afresh")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     target, tokenizer = load_target()
@@ -59,9 +62,10 @@ def main() -> None:
         counts = count_text_tokens(tokenizer, texts, vocab).double()
         frequency += counts / counts.sum()
         logging.info("%s: %d answers, %d tokens", path, len(texts), int(counts.sum()))
-    new_ids = most_frequent_tokens((frequency * 1e9).round().long(), args.size, always_include=eos)
     drafter = DSparkDraftModel.from_pretrained(args.drafter, target=target)
     old_ids = drafter.draft_to_target.clone()
+    keep = eos + (old_ids.tolist() if args.keep_current else [])
+    new_ids = most_frequent_tokens((frequency * 1e9).round().long(), args.size, always_include=keep)
     resized = with_draft_vocabulary(drafter, new_ids)
     resized.save_pretrained(args.out)
     report = {"size": args.size, "sources": args.caches + args.data, "kept": int(torch.isin(new_ids, old_ids).sum()),
