@@ -101,7 +101,10 @@ def test_chat_session_drops_a_reply_that_did_not_complete(tiny_target, tiny_draf
 # through a pseudo-terminal
 # -------------------------------------------------------------------------------------------------------
 DRIVER = """
-import json, sys, time
+import json, signal, sys, time
+# A terminal user's shell starts the chat with SIGINT at its default; a test run started in the background (nohup,
+# `cmd &` without job control) ignores SIGINT, and Python keeps an inherited SIG_IGN: ^C would then do nothing.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hf_dspark import cli, loading
 from hf_dspark.generation import chat
 
