@@ -24,15 +24,14 @@ from torch.utils.data import Subset
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
+from hf_dspark.training.prompts import read_prompts
 from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache
 from hf_dspark.training.validation import greedy_answer_records, greedy_block_acceptance, prompt_set_of
 
 
 def first_turns(path: str, num: int, seed: int) -> list[str]:
     """``num`` first user turns, sampled with ``seed``, from a prompt file (``turns``) or chat records (``messages``)."""
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    turns = [r["turns"][0] if "turns" in r else next(m["content"] for m in r["messages"] if m["role"] == "user")
-             for r in rows]
+    turns = [prompt.first_turn for prompt in read_prompts(path)]
     return random.Random(seed).sample(turns, min(num, len(turns)))
 
 

@@ -26,8 +26,8 @@ from .regenerate import (SamplingSettings, regenerate_endpoint, regenerate_local
 logger = logging.getLogger(__name__)
 
 # Batch k of a Magpie synthesis uses system prompt k mod len: the kinds of request listed here are the spread of
-# what people ask a chat assistant. With only the generic four first used, the drafter reached τ 1.77 on new prompts of
-# that kind but 1.46 on hand-written chat: the target answers its own generic requests more formulaically.
+# what people ask a chat assistant. Asked only generically, the target writes requests it answers more surely than
+# hand-written ones, and a drafter trained on those trails on real chat (BENCHMARKS.md, "Where held-out chat loses").
 _ASSISTANT = "You are a helpful AI assistant. "
 MAGPIE_SYSTEMS = [
     None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ COMMAND_OF_SCRIPT = {"train_drafter": "train", "regenerate": "regenerate"}
 def load_script(name: str):
     spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in a script look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -88,10 +90,7 @@ def test_every_script_imports_and_documents_itself(path, monkeypatch):
     """A refactor that moves a library name must not leave a script behind (revocab_drafter.py once imported
     ``load_target`` from a module that no longer had it): each script imports, and its ``--help`` exits 0."""
     monkeypatch.syspath_prepend(str(SCRIPTS))  # scripts may import their siblings
-    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(__import__("sys").modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = load_script(path.stem)
     assert module.__doc__, f"{path.name} has no docstring to say what it is for"
     main = getattr(module, "main", None)
     if main is None:
