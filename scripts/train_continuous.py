@@ -54,11 +54,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=2, help="first run only: deepen --init-from to this many")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--max-hours", type=float, default=None)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=ContinuousRecipe.lr)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--num-anchors", type=int, default=64,
                    help="blocks per sequence: 64 balances the prefill a sequence costs against its blocks on CPU")
     p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
+    p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
+                   help="the drafter's step: auto = bf16 autocast on a CPU with bf16 units (AVX512-BF16 / AMX / "
+                        "Arm BF16) or a GPU, where it is ~1.6x faster at the same held-out τ; fp32 elsewhere")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cool-down", type=int, metavar="STEPS", default=None,
                    help="score (and ship if best) a copy of the run trained STEPS more steps with a decaying rate, "
@@ -107,7 +110,7 @@ def main(argv=None) -> None:
         data=args.data + (HUMAN_TEXT if args.with_human_text else []), heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
-        bf16_features=not args.no_bf16_features)
+        bf16_features=not args.no_bf16_features, mixed_precision=args.mixed_precision)
     if args.cool_down:
         cool_down(target, tokenizer, recipe, args.cool_down)
         return

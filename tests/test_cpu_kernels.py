@@ -218,3 +218,15 @@ def test_folded_attention_switches_sdpa_models_only_inside_the_block():
     eager = LlamaForCausalLM(LlamaConfig(**{**model.config.to_dict(), "attn_implementation": "eager"})).eval()
     with folded_gqa_attention(eager):
         assert eager.config._attn_implementation == "eager"  # another implementation is left alone
+
+
+def test_bf16_units_are_read_from_the_cpus_flags():
+    from hf_dspark.cpu_kernels import cpu_has_bf16_units
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
+    skylake = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni\n"
+    sapphire = "flags\t\t: avx512f amx_tile amx_bf16 amx_int8\n"
+    graviton3 = "Features\t: fp asimd sve bf16 i8mm\n"
+    assert cpu_has_bf16_units(zen4) and cpu_has_bf16_units(sapphire) and cpu_has_bf16_units(graviton3)
+    assert not cpu_has_bf16_units(skylake) and not cpu_has_bf16_units("")
+    assert isinstance(cpu_has_bf16_units(), bool)  # this machine's /proc/cpuinfo, or False where there is none

@@ -190,17 +190,29 @@ class LossOutput:
     stats: LossStats  # detached sums for metrics
 
 
+def target_probabilities(drafter, target_hidden: torch.Tensor, target_lse: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's next-token probabilities on the draft vocabulary's rows: the soft labels.
+
+    Computed in the LM head's own precision even inside a bf16 autocast step: bf16 logits of a 49k-row head are off
+    by ~0.1 nat, which would move the labels (and the L1 term) more than the drafter's step improves them, and a
+    cached fp32 log-normaliser must meet logits of the same precision or the rows stop summing to at most one.
+    """
+    device_type = target_hidden.device.type
+    with torch.no_grad(), torch.autocast(device_type, enabled=False):
+        if drafter.draft_to_target is not None and target_lse is not None:
+            # p_t on the draft rows only, normalised by the cached full-vocabulary log-normaliser
+            return torch.exp(drafter.compute_draft_logits(target_hidden).float() - target_lse[..., None])
+        probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
+        return probs[..., drafter.draft_to_target] if drafter.draft_to_target is not None else probs
+
+
 def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, target_hidden, target_lse=None):
     """Weighted term sums [3] (CE, L1, BCE) and the detached statistics vector for one chunk of blocks."""
     weights = slot_weights(mask, config.decay)
     logits, conf = compute_block_logits(drafter, hidden, prev_ids)
     with torch.no_grad():
         reduced = drafter.draft_to_target is not None
-        if reduced and target_lse is not None:  # p_t on the draft rows only, normalised by the cached full-vocab lse
-            target_probs = torch.exp(drafter.compute_draft_logits(target_hidden).float() - target_lse[..., None])
-        else:
-            target_probs = torch.softmax(drafter.compute_logits(target_hidden).float(), dim=-1)
-            target_probs = target_probs[..., drafter.draft_to_target] if reduced else target_probs
+        target_probs = target_probabilities(drafter, target_hidden, target_lse)
         outside_mass = 0.0
         if reduced:
             # q is 0 outside the draft vocabulary, so those tokens add their target mass to ‖p_d − p_t‖₁ exactly

@@ -178,8 +178,25 @@ def make_accelerator(mixed_precision: str = "auto"):
     use_cuda = torch.cuda.is_available()
     if mixed_precision == "auto":
         mixed_precision = "bf16" if use_cuda else "no"
+    _release_single_process_state(mixed_precision)
     # cpu=True without CUDA: accelerate only sets up multi-process CPU (gloo) training under torchrun when asked
     return Accelerator(mixed_precision=mixed_precision, cpu=not use_cuda)
+
+
+def _release_single_process_state(mixed_precision: str) -> None:
+    """accelerate keeps one process-wide state and refuses a second Accelerator of another precision ("restart your
+    runtime"). One process may well train twice (an fp32 run, then a bf16 cool-down; a test suite): with a single
+    process nothing else can depend on that state, so it is released. Several processes keep accelerate's error."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if not state or state.get("_mixed_precision") in (None, mixed_precision):
+        return
+    if state.get("num_processes", 1) > 1:
+        return
+    logger.debug("Releasing accelerate's %s state for a %s accelerator", state.get("_mixed_precision"),
+                 mixed_precision)
+    AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def steps_for_epochs(num_epochs: float, num_samples: int, per_device_batch_size: int,

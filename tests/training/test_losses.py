@@ -205,3 +205,24 @@ def test_block_outputs_match_drafting_primitive(tiny_drafter):
     assert torch.allclose(block.base_logits[0], drafter.compute_logits(out.hidden[0, 2]), atol=1e-4)
     assert torch.allclose(block.draft_logits[0, 0], out.draft_logits[0, 2, 0], atol=1e-4)
     assert torch.allclose(block.confidence_logits[0, 0], out.confidence_logits[0, 2, 0], atol=1e-4)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_soft_labels_keep_the_heads_precision_inside_bf16_autocast(tiny_target, reduced):
+    # a bf16 autocast training step must not round the target's probabilities (the labels) to bf16
+    from hf_dspark import DSparkDraftModel
+    from hf_dspark.training.losses import target_probabilities
+
+    torch.manual_seed(0)
+    vocab = list(range(0, tiny_target.config.vocab_size, 2)) if reduced else None
+    drafter = DSparkDraftModel.from_target(tiny_target, block_size=4, markov_rank=8, draft_vocab=vocab)
+    hidden = torch.randn(3, 5, tiny_target.config.hidden_size)
+    lse = None
+    if reduced:
+        lse = torch.logsumexp(hidden @ tiny_target.get_output_embeddings().weight.T, dim=-1)
+    exact = target_probabilities(drafter, hidden, lse)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert drafter.compute_logits(hidden).dtype == torch.bfloat16  # autocast is really on
+        labels = target_probabilities(drafter, hidden, lse)
+    assert labels.dtype == torch.float32 and torch.equal(labels, exact)
+    assert float(labels.sum(-1).max()) <= 1 + 1e-5

@@ -69,6 +69,47 @@ def test_bf16_features_from_a_bf16_copy_train_a_drafter(tmp_path, tokenizer, sin
     assert any(not torch.equal(before[n], p) for n, p in drafter.named_parameters())
 
 
+def test_a_bf16_autocast_step_trains_like_fp32_after_an_fp32_trainer_in_the_same_process(tmp_path, tokenizer,
+                                                                                          single_thread):
+    # accelerate keeps one process-wide precision; a bf16 cool-down after an fp32 run (or a test after another) must
+    # still get the precision it asks for, and the bf16 step's loss stays the fp32 step's within bf16 rounding
+    target = make_tiny_llama(num_layers=4).eval()
+    data = TargetPrefillDataset(target, tokenizer, make_chat_records(8), LAYERS, progress=False)
+    losses = {}
+    for precision in ("no", "bf16", "no"):
+        torch.manual_seed(0)
+        drafter = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8,
+                                               target_layer_ids=LAYERS)
+        config = DSparkTrainingConfig(output_dir=str(tmp_path / precision), max_steps=10, per_device_batch_size=2,
+                                      num_anchors=8, schedule="constant", warmup_steps=1, progress=False)
+        trainer = DSparkTrainer(drafter, data, config, accelerator=make_accelerator(precision))
+        assert trainer.accelerator.mixed_precision == precision
+        matmul_dtypes = set()
+        hooks = [m.register_forward_hook(lambda m, i, o: matmul_dtypes.add(o.dtype))
+                 for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
+        stats, _ = trainer.training_step()
+        for hook in hooks:
+            hook.remove()
+        assert matmul_dtypes == {torch.bfloat16 if precision == "bf16" else torch.float32}
+        assert all(p.dtype == torch.float32 for p in drafter.parameters())  # fp32 master weights
+        losses.setdefault(precision, []).append(stats.summary(config.loss)["loss"])
+    assert losses["no"][0] == losses["no"][1]
+    assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.02)
+
+
+def test_the_continuous_run_picks_bf16_steps_only_where_the_cpu_has_bf16_units(monkeypatch):
+    import hf_dspark.cpu_kernels as cpu_kernels
+    from hf_dspark.training.continuous import ContinuousRecipe, step_precision
+
+    recipe = ContinuousRecipe(data=[], heldout_cache="", run_dir="", best_dir="", curve_file="")
+    assert recipe.lr == 1e-4
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for units, expected in ((True, "bf16"), (False, "no")):
+        monkeypatch.setattr(cpu_kernels, "cpu_has_bf16_units", lambda units=units: units)
+        assert step_precision(recipe) == expected
+    assert step_precision(ContinuousRecipe(**{**recipe.__dict__, "mixed_precision": "no"})) == "no"
+
+
 def test_constant_schedule_holds_the_rate_after_warm_up():
     config = DSparkTrainingConfig(output_dir="x", max_steps=10**9, schedule="constant", warmup_steps=4)
     assert [config.lr_factor(s) for s in (0, 3, 4, 10**6)] == [0.25, 1.0, 1.0, 1.0]
@@ -109,12 +150,14 @@ def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_the
     recipe = ContinuousRecipe(data=[str(data)], heldout_cache=str(tmp_path / "heldout"), run_dir=str(tmp_path / "run"),
                               best_dir=str(tmp_path / "best"), curve_file=str(tmp_path / "curve.jsonl"),
                               init_from=str(tmp_path / "legacy"), num_layers=2, eval_every=3, max_evaluations=2,
-                              lr=3e-3, batch_size=2, num_anchors=8, bf16_features=False, session="s1")
+                              lr=3e-3, batch_size=2, num_anchors=8, bf16_features=False, mixed_precision="no",
+                              session="s1")
     rows = train_continuously(target, tokenizer, recipe)
     curve = read_curve(recipe.curve_file)
     assert curve == rows and [r["step"] for r in rows] == [0, 3, 6]  # the starting point, then every 3 steps
     assert rows[0]["train_tokens"] == 0 < rows[1]["train_tokens"] < rows[2]["train_tokens"]
     assert set(rows[1]["heldout"]) == {"chat", "code"}
+    assert rows[1]["lr"] == 3e-3 and rows[1]["precision"] == "no"
     best = json.loads((tmp_path / "best" / "config.json").read_text())
     assert best["draft_layer_style"] == "qwen3" and best["num_hidden_layers"] == 2 and best["dtype"] == "bfloat16"
     from safetensors import safe_open
@@ -125,7 +168,25 @@ def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_the
     data.write_text(data.read_text() + "".join(json.dumps(r) + "\n" for r in extra))
     next_session = ContinuousRecipe(**{**recipe.__dict__, "run_dir": str(tmp_path / "run2"), "init_from": None,
                                        "max_evaluations": 1, "session": "s2"})
-    more = train_continuously(target, tokenizer, next_session)
+    from hf_dspark.training import continuous
+
+    rows[0]["heldout"] = {k: {**v, "tau_greedy": 0.0} for k, v in rows[0]["heldout"].items()}  # a trained row is best
+    Path(recipe.curve_file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert best_row(rows)["train_tokens"] > 0
+    seeds = []
+    real_trainer = continuous.DSparkTrainer
+
+    def recording_trainer(drafter, dataset, config, accelerator=None):
+        seeds.append(config.seed)
+        return real_trainer(drafter, dataset, config, accelerator=accelerator)
+
+    continuous.DSparkTrainer = recording_trainer
+    try:
+        more = train_continuously(target, tokenizer, next_session)
+    finally:
+        continuous.DSparkTrainer = real_trainer
+    # a new session does not replay the last one's sample order: it is seeded by the tokens the run has seen
+    assert seeds == [best_row(rows)["train_tokens"]]
     assert len(more) == 1 and more[0]["session"] == "s2"
     assert more[0]["train_tokens"] > best_row(rows)["train_tokens"]
     assert more[0]["samples"] == 16
