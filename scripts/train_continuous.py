@@ -12,8 +12,8 @@ best yet and leaves the run's own checkpoint as it was):
 
     .venv/bin/python scripts/train_continuous.py --cool-down 150 --threads 2
 
-The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens) is built on first
-use under runs/. It trains on the target's own answers (data/smollm2*/, grown by ``hf-dspark regenerate`` beside
+The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens, committed in
+drafter_training/smollm2/heldout_answers.jsonl) is built on first use under runs/. It trains on the target's own answers (data/smollm2*/, grown by ``hf-dspark regenerate`` beside
 it); --with-human-text adds human-written text and documentation (``python -m hf_dspark.training.document_text``;
 what licences keep out of the repository is read from runs/human/ when present).
 """
@@ -30,7 +30,7 @@ import torch
 from hf_dspark.loading import load_target
 from hf_dspark.training.continuous import ContinuousRecipe, cool_down, train_continuously
 from hf_dspark.training.target_cache import build_target_cache
-from hf_dspark.training.validation import greedy_answer_records
+from hf_dspark.training.validation import stored_greedy_answer_records
 
 # The target's own answers (on-policy) beat them mixed with human-written text at equal steps on held-out prompts
 # (BENCHMARKS.md, "Which data"): human text is opt-in.
@@ -38,6 +38,7 @@ from hf_dspark.training.validation import greedy_answer_records
 ON_POLICY = ["data/smollm2*/train.jsonl"]
 HUMAN_TEXT = ["data/smollm2-human/train.jsonl.gz", "data/human/*.jsonl.gz", "runs/human/*.jsonl.gz"]
 HELDOUT = ["data/heldout/chat.jsonl", "data/heldout/code.jsonl"]
+HELDOUT_ANSWERS = "drafter_training/smollm2/heldout_answers.jsonl"  # committed: every machine scores the same answers
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,7 +94,7 @@ def ensure_heldout_cache(target, tokenizer, cache: Path) -> None:
         return
     prompts = [json.loads(line) for path in HELDOUT for line in Path(path).read_text().splitlines() if line.strip()]
     logging.info("Building the held-out validation cache from %d prompts", len(prompts))
-    records = greedy_answer_records(target, tokenizer, prompts)
+    records = stored_greedy_answer_records(target, tokenizer, prompts, HELDOUT_ANSWERS)
     build_target_cache(target, tokenizer, records, cache, progress=False)
 
 

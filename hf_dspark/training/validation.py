@@ -7,12 +7,19 @@ set (sample ids name theirs: ``heldout-chat-…`` / ``heldout-code-…``).
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+
 import torch
 from torch.utils.data import Subset
 
 from .anchors import IGNORE_LABEL
 from .losses import compute_block_hidden
 from .trainer import anchor_generator, block_batch
+
+logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -95,6 +102,26 @@ def greedy_answer_records(target, tokenizer, prompts: list[dict], max_new_tokens
             records.append({"id": prompt["id"], "messages": message + [{"role": "assistant", "content": answer}],
                             "finish_reason": "stop" if stop is not None else "length"})
     return records
+
+
+def stored_greedy_answer_records(target, tokenizer, prompts: list[dict], answers_file: str | os.PathLike,
+                                 max_new_tokens: int = 128) -> list[dict]:
+    """:func:`greedy_answer_records`, kept in ``answers_file``: a new machine reads the committed answers instead of
+    generating them again (minutes of one thread), and every machine scores on the very same conversations (two
+    machines' fp32 greedy answers can part at a near-tie). Prompts the file lacks are answered and appended."""
+    path = Path(answers_file)
+    stored = {}
+    if path.is_file():
+        stored = {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r.get("id")}
+    missing = [p for p in prompts if p["id"] not in stored]
+    if missing:
+        logger.info("Answering %d held-out prompts greedily (%d stored in %s)", len(missing), len(stored), path)
+        new = greedy_answer_records(target, tokenizer, missing, max_new_tokens=max_new_tokens)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in new)
+        stored.update((r["id"], r) for r in new)
+    return [stored[p["id"]] for p in prompts]
 
 
 def prompt_set_of(sample_id: str) -> str:

@@ -228,3 +228,24 @@ def test_cool_down_scores_a_decayed_copy_and_leaves_the_run_as_it_was(tmp_path, 
     assert (tmp_path / "best" / "model.safetensors").read_bytes() != best_before
     shipped = DSparkDraftModel.from_pretrained(tmp_path / "best", target=target)
     assert shipped.config.dtype in ("bfloat16", torch.bfloat16) and again["cool_down_steps"] == 2
+
+
+def test_heldout_answers_are_generated_once_then_read_from_the_committed_file(tmp_path, tokenizer, single_thread,
+                                                                             monkeypatch):
+    from hf_dspark.training import validation
+
+    target = make_tiny_llama(num_layers=2).eval()
+    prompts = [{"id": f"heldout-chat-{i}", "turns": [r["messages"][0]["content"]]}
+               for i, r in enumerate(make_chat_records(3, seed=5))]
+    answers = tmp_path / "answers.jsonl"
+    first = validation.stored_greedy_answer_records(target, tokenizer, prompts[:2], answers, max_new_tokens=6)
+    assert [r["id"] for r in first] == ["heldout-chat-0", "heldout-chat-1"]
+    assert first == validation.greedy_answer_records(target, tokenizer, prompts[:2], max_new_tokens=6)
+    asked = []
+    real = validation.greedy_answer_records
+    monkeypatch.setattr(validation, "greedy_answer_records",
+                        lambda t, tok, ps, **kw: asked.append([p["id"] for p in ps]) or real(t, tok, ps, **kw))
+    again = validation.stored_greedy_answer_records(target, tokenizer, prompts, answers, max_new_tokens=6)
+    assert asked == [["heldout-chat-2"]]  # only the prompt the file lacked was answered
+    assert again[:2] == first and [r["id"] for r in again] == [p["id"] for p in prompts]
+    assert len(answers.read_text().splitlines()) == 3

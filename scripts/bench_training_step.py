@@ -1,0 +1,111 @@
+"""Where a training sample's time goes in the continuous run, and what bf16 buys on this CPU.
+
+Per sample of the on-policy data, one thread: the bf16 target's prefill (features), the fp32 LM head's
+log-normaliser, and one optimizer step of the committed drafter at batch 4 in fp32 and in bf16 autocast
+(``--mixed-precision`` of scripts/train_continuous.py). The arms alternate within each repeat, so load drifts hit
+both alike. Pause background jobs first (kill -STOP), then
+
+    .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import statistics
+import time
+
+import torch
+from train_continuous import ON_POLICY
+
+from hf_dspark import DSparkDraftModel
+from hf_dspark.loading import load_target
+from hf_dspark.training.losses import LossConfig
+from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
+from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", default="drafter_training/smollm2/drafter")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps per arm and repeat")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="also write the results as JSON here")
+    return p.parse_args(argv)
+
+
+class _Features(torch.utils.data.Dataset):
+    """Samples computed once, so an arm's step time is the drafter's alone."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target()
+    drafter = DSparkDraftModel.from_pretrained(args.drafter, target=target).float()
+    records = read_chat_records(chat_record_files(ON_POLICY))
+    n = args.batch_size * args.steps
+    records = records[:: max(1, len(records) // n)][:n]
+    data = TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids,
+                                feature_target=copy.deepcopy(target).to(torch.bfloat16).eval(), logsumexp=True,
+                                progress=False)
+    # the prefill and the log-normaliser, timed apart on the same samples
+    head_only = data.logsumexp
+    data.logsumexp = False
+    t0 = time.perf_counter()
+    items = [data[i] for i in range(len(data))]
+    prefill = (time.perf_counter() - t0) / len(items)
+    data.logsumexp = head_only
+    t0 = time.perf_counter()
+    for item in items:
+        item["target_logsumexp"] = data._answer_logsumexp(item["target_last_hidden_states"], item["loss_mask"])
+    logsumexp = (time.perf_counter() - t0) / len(items)
+    step = {"no": [], "bf16": []}
+    losses = {"no": [], "bf16": []}
+    for _ in range(args.repeats):
+        for precision in ("no", "bf16"):
+            config = DSparkTrainingConfig(output_dir="runs/bench-training-step", max_steps=10**9,
+                                          per_device_batch_size=args.batch_size, gradient_accumulation_steps=1,
+                                          num_anchors=args.num_anchors,
+                                          loss=LossConfig.for_head(drafter.config.sequential_head),
+                                          schedule="constant", warmup_steps=1, progress=False)
+            fresh = DSparkDraftModel.from_pretrained(args.drafter, target=target).float()
+            trainer = DSparkTrainer(fresh, _Features(items), config,
+                                    accelerator=make_accelerator(precision))
+            trainer.training_step()  # warm-up: first-call allocations and oneDNN primitive creation
+            t0 = time.perf_counter()
+            loss = 0.0
+            for _ in range(args.steps - 1):
+                stats, _ = trainer.training_step()
+                loss += stats.summary(config.loss)["loss"] / (args.steps - 1)
+            step[precision].append((time.perf_counter() - t0) / (args.steps - 1) / args.batch_size)
+            losses[precision].append(loss)
+    tokens = statistics.mean(len(s.input_ids) for s in data.samples)
+    result = {"tokens_per_sample": round(tokens), "prefill_bf16_s": round(prefill, 3),
+              "logsumexp_fp32_s": round(logsumexp, 3),
+              "step_fp32_s": [round(s, 3) for s in step["no"]], "step_bf16_s": [round(s, 3) for s in step["bf16"]],
+              "step_speedup_bf16": [round(a / b, 2) for a, b in zip(step["no"], step["bf16"])],
+              "loss_fp32": [round(x, 4) for x in losses["no"]], "loss_bf16": [round(x, 4) for x in losses["bf16"]]}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
