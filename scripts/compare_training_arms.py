@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from train_continuous import HUMAN_TEXT, ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
+from hf_dspark.training.continuous import ContinuousRecipe, step_precision
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.target_cache import TargetCacheDataset
@@ -41,7 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", required=True, help="DATA-SCHEDULE, e.g. onpolicy-cosine")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=ContinuousRecipe.lr, help="the continuous run's rate by default")
+    p.add_argument("--num-anchors", type=int, default=ContinuousRecipe.num_anchors, help="blocks per sequence")
+    p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
+                   help="the drafter's step, as scripts/train_continuous.py (auto: bf16 on a CPU with bf16 units)")
     p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -53,17 +58,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def run_arm(target, tokenizer, feature_target, heldout, args, arm: str) -> dict:
+def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: str) -> dict:
+    """``start``: a private copy of --start, read once (the continuous run may rewrite --start between arms)."""
     data, _, schedule = arm.partition("-")
-    drafter = DSparkDraftModel.from_pretrained(args.start, target=target).float()
+    drafter = DSparkDraftModel.from_pretrained(start, target=target).float()
     dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(DATA[data])),
                                    drafter.config.target_layer_ids, max_length=1024, feature_target=feature_target,
                                    logsumexp=drafter.draft_to_target is not None, progress=False)
     config = DSparkTrainingConfig(
         output_dir=str(Path(args.out) / f"run-{arm}"), max_steps=args.steps, per_device_batch_size=4,
-        gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=64, seed=args.seed,
+        gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=args.num_anchors, seed=args.seed,
         loss=LossConfig.for_head(drafter.config.sequential_head), schedule=schedule, warmup_steps=10, progress=False)
-    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator("no"))
+    precision = step_precision(ContinuousRecipe(data=[], heldout_cache="", run_dir="", best_dir="", curve_file="",
+                                                mixed_precision=args.mixed_precision))
+    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator(precision))
     start, tokens, loss = time.monotonic(), 0, 0.0
     for _ in range(args.steps):
         stats, info = trainer.training_step()
@@ -71,7 +79,8 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str) -> dict:
         loss += stats.summary(config.loss)["loss"] / args.steps
     scores = score_prompt_sets(trainer.drafter, heldout)
     return {"arm": arm, "seed": args.seed, "steps": args.steps, "tokens": tokens, "loss": round(loss, 4),
-            "seconds": round(time.monotonic() - start), "start": args.start,
+            "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
+            "num_anchors": args.num_anchors, "precision": precision,
             "heldout": {name: {"tau": round(s["tau_greedy"], 4),
                                "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}
                         for name, s in scores.items()}}
@@ -86,8 +95,15 @@ def main(argv=None) -> None:
     heldout = TargetCacheDataset(args.heldout_cache)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    start = out / "start"  # every arm of every seed in this folder starts from this one copy
+    if not start.is_dir():
+        shutil.copytree(args.start, start)
+        (start / "SOURCE").write_text(args.start)
+    elif (start / "SOURCE").read_text() != args.start:
+        raise SystemExit(f"{out} holds arms that started from {(start / 'SOURCE').read_text()}, not {args.start}: "
+                         "use another --out")
     for arm in args.arms:
-        row = run_arm(target, tokenizer, feature_target, heldout, args, arm)
+        row = run_arm(target, tokenizer, feature_target, heldout, args, arm, str(start))
         print(json.dumps(row), flush=True)
         with (out / "arms.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
