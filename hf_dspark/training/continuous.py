@@ -280,7 +280,7 @@ def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: flo
     scores = score_prompt_sets(trainer.drafter, heldout)
     row = {"session": recipe.session, "step": trainer.step, "train_tokens": int(tokens),
            "train_loss": round(loss, 4), "samples": len(trainer.dataset), "lr": trainer.config.learning_rate,
-           "precision": trainer.accelerator.mixed_precision,
+           "precision": trainer.accelerator.mixed_precision, "num_anchors": trainer.config.num_anchors,
            "heldout": {name: {"tau_greedy": round(s["tau_greedy"], 4),
                               "acceptance": [round(a, 4) for a in s["conditional_acceptance"]]}
                        for name, s in scores.items()},
