@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -113,12 +114,25 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
 
 def _save_converted(model, tokenizer, out_dir: Path) -> None:
+    """Write the conversion into a folder of this process's own, then rename it into place (atomic: a crash
+    mid-conversion never leaves a half-written cache). Two processes converting at once (a training run and a
+    regeneration started together) each write their own folder; the first rename wins and the other keeps it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
-    model.save_pretrained(tmp_dir)
-    tokenizer.save_pretrained(tmp_dir)
-    (tmp_dir / "SOURCE").write_text(f"{DEFAULT_TARGET_ID} from {GGUF_PACKAGE}:{GGUF_FILENAME}\n")
-    os.replace(tmp_dir, out_dir)  # atomic: a crash mid-conversion never leaves a half-written cache
+    tmp_dir = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        model.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        (tmp_dir / "SOURCE").write_text(f"{DEFAULT_TARGET_ID} from {GGUF_PACKAGE}:{GGUF_FILENAME}\n")
+        if out_dir.exists() and not (out_dir / "config.json").is_file():
+            shutil.rmtree(out_dir, ignore_errors=True)  # an incomplete folder (not one of ours): replace it
+        try:
+            os.replace(tmp_dir, out_dir)
+        except OSError:
+            if not (out_dir / "config.json").is_file():
+                raise
+            logger.info("Another process converted the embedded target into %s first: using its copy", out_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def load_default_target(

@@ -71,3 +71,28 @@ def test_an_unwritable_cache_folder_converts_into_a_temporary_folder_once(tiny_t
     for loaded in (model, again):
         assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), tiny.state_dict().values()))
     assert model.name_or_path == embedded.DEFAULT_TARGET_ID and tokenizer("w5 w17")["input_ids"][-2:] == [5, 17]
+
+
+def test_two_processes_converting_at_once_both_end_with_the_complete_cache(tiny_target_dir, tmp_path):
+    """A training run and a regeneration started together both convert the embedded target: each writes a folder of
+    its own, the first rename wins, the other keeps the winner's copy, and nothing half-written is left behind. A
+    folder left incomplete by something else is replaced."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, _, _ = tiny_target_dir
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    out_dir = tmp_path / "cache" / "smollm2-135m-instruct-v1"
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / (out_dir.name + ".tmp")).mkdir()  # the folder older versions shared between processes
+    (tmp_path / "cache" / (out_dir.name + ".tmp") / "model.safetensors").write_text("half written")
+    embedded._save_converted(model, tokenizer, out_dir)
+    first = (out_dir / "model.safetensors").read_bytes()
+    embedded._save_converted(model, tokenizer, out_dir)  # the process that lost the race
+    assert (out_dir / "model.safetensors").read_bytes() == first and (out_dir / "SOURCE").is_file()
+    assert sorted(p.name for p in out_dir.parent.iterdir() if ".tmp-" in p.name) == []  # no private folder left
+    loaded = AutoModelForCausalLM.from_pretrained(out_dir)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    # an incomplete folder (no config.json) is replaced by a complete conversion
+    (out_dir / "config.json").unlink()
+    embedded._save_converted(model, tokenizer, out_dir)
+    assert (out_dir / "config.json").is_file()
