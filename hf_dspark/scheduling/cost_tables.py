@@ -10,6 +10,7 @@ import logging
 import math
 import numbers
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,12 +147,17 @@ def _preview(value) -> str:
 
 
 def save_json_atomic(path: str | os.PathLike, data: dict) -> None:
-    """Write via a temporary file and rename: a concurrent reader never sees half a file."""
+    """Write via a temporary file and rename: a concurrent reader never sees half a file. The temporary file is this
+    process's and thread's own (two processes measuring the same table at once each rename a whole file, the last
+    wins), and is created as any file (the umask sets its permissions)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _dense_table(tokens: tuple[int, ...], sps: tuple[float, ...]) -> np.ndarray:

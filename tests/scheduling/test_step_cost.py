@@ -446,3 +446,37 @@ def test_from_dict_names_the_malformed_field():
                                    "draft_seconds": [0.0]})
     with pytest.raises(ValueError, match=r"steps_per_second must be a list of finite numbers, got None"):
         SPSProfile.from_dict({"batch_tokens": [1]})
+
+
+def test_step_cost_tables_written_at_once_by_two_writers_stay_whole(tmp_path):
+    """Two processes (or threads) measuring the same table at once: each renames a whole file of its own, so the
+    table is one writer's, never a mix, no writer fails for the other's rename, and no temporary file is left. A new
+    file gets the umask's permissions, as any file the library writes."""
+    import os
+    import stat
+    import threading
+
+    from hf_dspark.scheduling.cost_tables import save_json_atomic
+
+    path = tmp_path / "tables" / "step_cost.json"
+    tables = [{"writer": i, "rows": list(range(2000))} for i in range(8)]
+    errors = []
+
+    def write(data):
+        try:
+            for _ in range(20):
+                save_json_atomic(path, data)
+        except OSError as err:  # the shared temporary file made the loser's rename fail
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in tables]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(path.read_text()) in tables
+    assert [p.name for p in path.parent.iterdir()] == ["step_cost.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
