@@ -5,7 +5,7 @@ log-normaliser, and one optimizer step of the committed drafter at batch 4 in fp
 (``--mixed-precision`` of scripts/train_continuous.py). The arms alternate within each repeat, so load drifts hit
 both alike. Pause background jobs first (kill -STOP), then
 
-    .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 6
+    .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 8
 """
 
 from __future__ import annotations
@@ -39,19 +39,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class _Features(torch.utils.data.Dataset):
-    """Samples computed once, so an arm's step time is the drafter's alone."""
-
-    def __init__(self, items):
-        self.items = items
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -64,7 +51,8 @@ def main(argv=None) -> None:
     data = TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids,
                                 feature_target=copy.deepcopy(target).to(torch.bfloat16).eval(), logsumexp=True,
                                 progress=False)
-    # the prefill and the log-normaliser, timed apart on the same samples
+    # the prefill and the log-normaliser, timed apart on the same samples; computed once, so an arm's step time is
+    # the drafter's alone
     head_only = data.logsumexp
     data.logsumexp = False
     t0 = time.perf_counter()
@@ -85,8 +73,7 @@ def main(argv=None) -> None:
                                           loss=LossConfig.for_head(drafter.config.sequential_head),
                                           schedule="constant", warmup_steps=1, progress=False)
             fresh = DSparkDraftModel.from_pretrained(args.drafter, target=target).float()
-            trainer = DSparkTrainer(fresh, _Features(items), config,
-                                    accelerator=make_accelerator(precision))
+            trainer = DSparkTrainer(fresh, items, config, accelerator=make_accelerator(precision))
             trainer.training_step()  # warm-up: first-call allocations and oneDNN primitive creation
             t0 = time.perf_counter()
             loss = 0.0

@@ -69,8 +69,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
         output_dir=str(Path(args.out) / f"run-{arm}"), max_steps=args.steps, per_device_batch_size=4,
         gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=args.num_anchors, seed=args.seed,
         loss=LossConfig.for_head(drafter.config.sequential_head), schedule=schedule, warmup_steps=10, progress=False)
-    precision = step_precision(ContinuousRecipe(data=[], heldout_cache="", run_dir="", best_dir="", curve_file="",
-                                                mixed_precision=args.mixed_precision))
+    precision = step_precision(args.mixed_precision)
     trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator(precision))
     start, tokens, loss = time.monotonic(), 0, 0.0
     for _ in range(args.steps):

@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
                    help="the drafter's step: auto = bf16 autocast on a CPU with bf16 units (AVX512-BF16 / AMX / "
-                        "Arm BF16) or a GPU, where it is ~1.6x faster at the same held-out τ; fp32 elsewhere")
+                        "Arm BF16) or a GPU, where it is faster at the same loss; fp32 elsewhere (bf16 is emulated there)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cool-down", type=int, metavar="STEPS", default=None,
                    help="score (and ship if best) a copy of the run trained STEPS more steps with a decaying rate, "

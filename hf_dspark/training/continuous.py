@@ -60,7 +60,7 @@ class ContinuousRecipe:
     eval_every: int = 200
     max_hours: float | None = None
     max_evaluations: int | None = None  # stop after this many evaluations (None: at max_hours or when killed)
-    lr: float = 1e-4  # 3e-4 sat at its noise floor from ~4 M tokens on; 1e-4 kept climbing (BENCHMARKS.md)
+    lr: float = 1e-4  # 3e-4 stopped improving the held-out τ where 1e-4 kept climbing (BENCHMARKS.md)
     warmup_steps: int = 50
     batch_size: int = 4
     grad_accum: int = 1
@@ -72,14 +72,14 @@ class ContinuousRecipe:
     session: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
 
 
-def step_precision(recipe: ContinuousRecipe) -> str:
-    """The accelerate precision of the drafter's step. On a CPU with bf16 units, bf16 autocast runs the step ~1.6x
-    faster and trains to the same held-out τ (the soft labels stay fp32: ``losses.target_probabilities``); without
-    them oneDNN emulates bf16 and the step gets slower, so "auto" keeps fp32 there. GPUs: bf16."""
+def step_precision(mixed_precision: str = "auto") -> str:
+    """The accelerate precision of the drafter's step for a recipe's ``mixed_precision``. On a CPU with bf16 units,
+    bf16 autocast runs the step faster at the same loss (the soft labels stay fp32: ``losses.target_probabilities``);
+    without them oneDNN emulates bf16 and the step gets slower, so "auto" keeps fp32 there. GPUs: bf16."""
     from ..cpu_kernels import cpu_has_bf16_units
 
-    if recipe.mixed_precision != "auto":
-        return recipe.mixed_precision
+    if mixed_precision != "auto":
+        return mixed_precision
     if torch.cuda.is_available():
         return "bf16"
     return "bf16" if cpu_has_bf16_units() else "no"
@@ -197,7 +197,7 @@ def train_continuously(target, tokenizer, recipe: ContinuousRecipe) -> list[dict
     tokens = best_row(curve)["train_tokens"] if curve else 0  # what the committed drafter we start from has seen
     # every session would otherwise replay the same sample order from the top: seed it with where the run stands
     config.seed = recipe.seed + tokens
-    trainer = DSparkTrainer(drafter, dataset(), config, accelerator=make_accelerator(step_precision(recipe)))
+    trainer = DSparkTrainer(drafter, dataset(), config, accelerator=make_accelerator(step_precision(recipe.mixed_precision)))
     checkpoint = trainer.latest_checkpoint(must_exist=False)
     if checkpoint is not None and (run_dir / PROGRESS_NAME).is_file():  # this session crashed: go on from there
         trainer.load_checkpoint(checkpoint, exact=False)
@@ -258,7 +258,7 @@ def cool_down(target, tokenizer, recipe: ContinuousRecipe, steps: int, warmup_st
         gradient_accumulation_steps=recipe.grad_accum, learning_rate=recipe.lr, num_anchors=recipe.num_anchors,
         loss=LossConfig.for_head(drafter.config.sequential_head), seed=recipe.seed + step, schedule="cosine",
         warmup_steps=warmup_steps, progress=False)
-    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator(step_precision(recipe)))
+    trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator(step_precision(recipe.mixed_precision)))
     start, loss = time.monotonic(), 0.0
     for _ in range(steps):
         stats, info = trainer.training_step()

@@ -193,9 +193,9 @@ class LossOutput:
 def target_probabilities(drafter, target_hidden: torch.Tensor, target_lse: torch.Tensor | None = None) -> torch.Tensor:
     """The target's next-token probabilities on the draft vocabulary's rows: the soft labels.
 
-    Computed in the LM head's own precision even inside a bf16 autocast step: bf16 logits of a 49k-row head are off
-    by ~0.1 nat, which would move the labels (and the L1 term) more than the drafter's step improves them, and a
-    cached fp32 log-normaliser must meet logits of the same precision or the rows stop summing to at most one.
+    Computed in the LM head's own precision even inside a bf16 autocast step: bf16-rounded logits would shift the
+    labels (and the L1 term) the drafter is pulled towards, and a cached fp32 log-normaliser must meet logits of the
+    same precision or the rows stop summing to at most one.
     """
     device_type = target_hidden.device.type
     with torch.no_grad(), torch.autocast(device_type, enabled=False):

@@ -106,8 +106,8 @@ def test_the_continuous_run_picks_bf16_steps_only_where_the_cpu_has_bf16_units(m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for units, expected in ((True, "bf16"), (False, "no")):
         monkeypatch.setattr(cpu_kernels, "cpu_has_bf16_units", lambda units=units: units)
-        assert step_precision(recipe) == expected
-    assert step_precision(ContinuousRecipe(**{**recipe.__dict__, "mixed_precision": "no"})) == "no"
+        assert step_precision(recipe.mixed_precision) == expected
+    assert step_precision("no") == "no"
 
 
 def test_constant_schedule_holds_the_rate_after_warm_up():
