@@ -47,6 +47,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-anchors", type=int, default=ContinuousRecipe.num_anchors, help="blocks per sequence")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
                    help="the drafter's step, as scripts/train_continuous.py (auto: bf16 on a CPU with bf16 units)")
+    p.add_argument("--ce-weight", type=float, default=None,
+                   help="weight of the cross-entropy on the answer's tokens (default: the head's, LossConfig.for_head)")
+    p.add_argument("--l1-weight", type=float, default=None,
+                   help="weight of the L1 distance to the target's probabilities (default: the head's)")
     p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -56,6 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if data not in DATA or schedule not in ("constant", "cosine"):
             p.error(f"arm {arm!r}: DATA must be one of {sorted(DATA)}, SCHEDULE constant or cosine")
     return args
+
+
+def loss_config(drafter, args) -> LossConfig:
+    """The continuous run's loss for the drafter's head, with the weights --ce-weight / --l1-weight override."""
+    overrides = {name: value for name, value in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight))
+                 if value is not None}
+    return LossConfig.for_head(drafter.config.sequential_head, **overrides)
 
 
 def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: str) -> dict:
@@ -68,7 +79,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
     config = DSparkTrainingConfig(
         output_dir=str(Path(args.out) / f"run-{arm}"), max_steps=args.steps, per_device_batch_size=4,
         gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=args.num_anchors, seed=args.seed,
-        loss=LossConfig.for_head(drafter.config.sequential_head), schedule=schedule, warmup_steps=10, progress=False)
+        loss=loss_config(drafter, args), schedule=schedule, warmup_steps=10, progress=False)
     precision = step_precision(args.mixed_precision)
     trainer = DSparkTrainer(drafter, dataset, config, accelerator=make_accelerator(precision))
     start, tokens, loss = time.monotonic(), 0, 0.0
@@ -80,6 +91,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
     return {"arm": arm, "seed": args.seed, "steps": args.steps, "tokens": tokens, "loss": round(loss, 4),
             "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
             "num_anchors": args.num_anchors, "precision": precision,
+            "ce_weight": config.loss.ce_weight, "l1_weight": config.loss.l1_weight,
             "heldout": {name: {"tau": round(s["tau_greedy"], 4),
                                "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}
                         for name, s in scores.items()}}

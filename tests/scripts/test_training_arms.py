@@ -1,0 +1,41 @@
+"""``compare_training_arms.py``: the arms' loss is the continuous run's unless --ce-weight / --l1-weight say otherwise,
+and the row records which weights an arm trained with."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_wrappers import load_script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the script imports train_continuous
+
+
+@pytest.fixture(scope="module")
+def arms():
+    return load_script("compare_training_arms")
+
+
+def drafter_with(head: str):
+    return SimpleNamespace(config=SimpleNamespace(sequential_head=head))
+
+
+def test_arms_default_to_the_heads_own_loss(arms):
+    args = arms.parse_args(["--start", "D", "--arms", "onpolicy-constant", "--out", "O"])
+    dspark = arms.loss_config(drafter_with("markov"), args)
+    assert (dspark.ce_weight, dspark.l1_weight) == (0.1, 0.9)
+    dflash = arms.loss_config(drafter_with("none"), args)
+    assert (dflash.ce_weight, dflash.l1_weight) == (1.0, 0.0)
+
+
+def test_weights_given_override_only_themselves(arms):
+    args = arms.parse_args(["--start", "D", "--arms", "onpolicy-constant", "--out", "O", "--ce-weight", "1.0"])
+    config = arms.loss_config(drafter_with("markov"), args)
+    assert (config.ce_weight, config.l1_weight, config.confidence_weight) == (1.0, 0.9, 1.0)
+
+
+def test_a_bad_arm_is_refused(arms):
+    with pytest.raises(SystemExit):
+        arms.parse_args(["--start", "D", "--arms", "onpolicy-hourly", "--out", "O"])
