@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="weight of the cross-entropy on the answer's tokens (default: the head's, LossConfig.for_head)")
     p.add_argument("--l1-weight", type=float, default=None,
                    help="weight of the L1 distance to the target's probabilities (default: the head's)")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="deepen the start to this many draft layers first (new layers start as zero-output copies: "
+                        "DSparkDraftModel.grow_layers), to weigh capacity against the start's own depth")
     p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -73,6 +76,8 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
     """``start``: a private copy of --start, read once (the continuous run may rewrite --start between arms)."""
     data, _, schedule = arm.partition("-")
     drafter = DSparkDraftModel.from_pretrained(start, target=target).float()
+    if args.num_layers:
+        drafter.grow_layers(args.num_layers)
     dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(DATA[data])),
                                    drafter.config.target_layer_ids, max_length=1024, feature_target=feature_target,
                                    logsumexp=drafter.draft_to_target is not None, progress=False)
@@ -92,6 +97,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
             "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
             "num_anchors": args.num_anchors, "precision": precision,
             "ce_weight": config.loss.ce_weight, "l1_weight": config.loss.l1_weight,
+            "num_layers": drafter.config.num_hidden_layers,
             "heldout": {name: {"tau": round(s["tau_greedy"], 4),
                                "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}
                         for name, s in scores.items()}}

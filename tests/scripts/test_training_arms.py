@@ -36,6 +36,12 @@ def test_weights_given_override_only_themselves(arms):
     assert (config.ce_weight, config.l1_weight, config.confidence_weight) == (1.0, 0.9, 1.0)
 
 
+def test_arms_keep_the_starts_depth_unless_told(arms):
+    base = ["--start", "D", "--arms", "onpolicy-constant", "--out", "O"]
+    assert arms.parse_args(base).num_layers is None
+    assert arms.parse_args(base + ["--num-layers", "3"]).num_layers == 3
+
+
 def test_a_bad_arm_is_refused(arms):
     with pytest.raises(SystemExit):
         arms.parse_args(["--start", "D", "--arms", "onpolicy-hourly", "--out", "O"])
