@@ -23,6 +23,32 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
+def draft_candidates(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
+                     top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidates a teacher-forced block ranks and their final scores: ([M, γ, k] target ids, [M, γ, k] fp32).
+
+    With a sequential (Markov) head restricted to the base logits' top ``sequential_top_k``, those are the candidates
+    and the score adds the head's bias there, as ``draft_block`` does, so the argmax is the token drafting would
+    propose. Where the bias covers the whole vocabulary (``sequential_top_k`` 0, or no head) the candidates are the
+    top ``top_k`` (64 when None) of the full scores. Ids are mapped from the draft vocabulary to the target's."""
+    head = getattr(drafter, "markov_head", None)
+    base = drafter.compute_draft_logits(hidden).float()  # [M, γ, V']
+    vocab = base.shape[-1]
+    sequential_top_k = (drafter.config.sequential_top_k or vocab) if head is not None else vocab
+    if sequential_top_k >= vocab:  # the bias over the whole vocabulary (one matmul), then its best candidates
+        if head is not None:
+            base = base + head.bias(head.forward_teacher_forced(hidden, head.markov_w1(prev_ids))).float()
+        vals, cand = base.topk(min(top_k or 64, vocab), dim=-1)
+    else:
+        vals, cand = base.topk(sequential_top_k, dim=-1)  # [M, γ, k]
+        u = head.forward_teacher_forced(hidden, head.markov_w1(prev_ids))
+        vals = vals + head.bias(u.flatten(0, 1), cand.flatten(0, 1)).view(cand.shape).float()
+    if drafter.draft_to_target is not None:
+        cand = drafter.draft_to_target[cand]
+    return cand, vals
+
+
+@torch.no_grad()
 def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size: int = 4,
                             seed: int = 0) -> dict:
     """Greedy (T = 0) acceptance of ``drafter`` on a cache of the target's own *greedy* answers, every block at once.
@@ -40,7 +66,6 @@ def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size
     was_training = drafter.training
     drafter.eval()
     param = next(drafter.parameters())
-    head, top_k = getattr(drafter, "markov_head", None), cfg.sequential_top_k
     for start in range(0, len(dataset), batch_size):
         samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
@@ -51,18 +76,8 @@ def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size
         h, labels, prev = hidden[full], targets.labels[full], targets.prev_ids[full]
         if h.shape[0] == 0:
             continue
-        base = drafter.compute_draft_logits(h).float()  # [M, γ, V']
-        if head is not None:
-            u = head.forward_teacher_forced(h, head.markov_w1(prev))
-            k = min(top_k or base.shape[-1], base.shape[-1])
-            cand = base.topk(k, dim=-1).indices  # [M, γ, k]
-            bias = head.bias(u.flatten(0, 1), cand.flatten(0, 1)).view(cand.shape)  # the head's own top-k bias
-            vals = base.gather(-1, cand) + bias.float()
-            draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
-        else:
-            draft = base.argmax(-1)
-        if drafter.draft_to_target is not None:
-            draft = drafter.draft_to_target[draft]
+        cand, vals = draft_candidates(drafter, h, prev)
+        draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
         match = (draft.cpu() == labels) & (labels != IGNORE_LABEL)
         run = match.long().cumprod(-1)  # slot k accepted iff slots 0..k all match
         tau_sum += float((1 + run.sum(-1)).sum())
@@ -138,4 +153,4 @@ def score_prompt_sets(drafter, dataset, num_anchors: int = 128) -> dict[str, dic
             for name, rows in sorted(groups.items())}
 
 
-__all__ = ["greedy_answer_records", "greedy_block_acceptance", "prompt_set_of", "score_prompt_sets"]
+__all__ = ["draft_candidates", "greedy_answer_records", "greedy_block_acceptance", "prompt_set_of", "score_prompt_sets"]
