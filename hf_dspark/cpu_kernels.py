@@ -230,11 +230,49 @@ class _SkinnyForward:
         return self.owner in _THREAD.models
 
 
-def loop_linears(enabled: bool, target: nn.Module, *models: nn.Module | None):
+#: output heads smaller than this are not timed (too fast to measure; tiny test models): the loop's kernels are used
+MEASURED_HEAD_ELEMENTS = 1 << 22
+_SKINNY_PAYS: dict[tuple, bool] = {}  # (head shape, threads) -> whether the skinny kernel beat stock on this machine
+
+
+def skinny_pays(model: nn.Module, repeats: int = 5) -> bool:
+    """Whether :func:`skinny_linear` beats stock ``F.linear`` on this machine for ``model``'s output head, at the
+    widths a decoding loop runs (1 and 4 rows): measured once per process, head shape and thread count.
+
+    Why: the kernel works around slow small-M fp32 paths (MKL on AMD EPYC: 0.63× stock at one row), but where the
+    stock paths are fast it is the slow one (an Intel Xeon VM: 2.0× at one row, hf-dspark 0.85× plain generate;
+    BENCHMARKS.md). Both kernels are timed interleaved, median of ``repeats``; skinny wins only by 5 % or more."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.numel() < MEASURED_HEAD_ELEMENTS:
+        return True
+    key = (tuple(weight.shape), torch.get_num_threads())
+    if key not in _SKINNY_PAYS:
+        import time
+
+        weight = weight.detach()
+        times: dict[str, list[float]] = {"stock": [], "skinny": []}
+        with torch.no_grad():
+            inputs = [torch.randn(rows, weight.shape[1]) for rows in (1, 4)]
+            for _ in range(repeats + 1):  # the first round warms both kernels up and is dropped
+                for name, kernel in (("stock", F.linear), ("skinny", skinny_linear)):
+                    start = time.perf_counter()
+                    for x in inputs:
+                        kernel(x, weight)
+                    times[name].append(time.perf_counter() - start)
+        stock, skinny = (sorted(times[n][1:])[repeats // 2] for n in ("stock", "skinny"))
+        _SKINNY_PAYS[key] = skinny < 0.95 * stock
+        logger.info("CPU kernels for a %s output head on %d threads: skinny %.2f ms, stock %.2f ms -> %s", key[0],
+                    key[1], 1e3 * skinny, 1e3 * stock, "skinny" if _SKINNY_PAYS[key] else "stock")
+    return _SKINNY_PAYS[key]
+
+
+def loop_linears(enabled: bool | None, target: nn.Module, *models: nn.Module | None):
     """The kernels hf-dspark's decoding loop runs ``target`` (and ``models``: its drafter) with: skinny linears and
-    GQA-folded attention (:class:`folded_gqa_attention`) when ``enabled`` and the target is a CPU fp32 model, else
-    nothing changes."""
-    if enabled and skinny_applies(target):
+    GQA-folded attention (:class:`folded_gqa_attention`) when the target is a CPU fp32 model and ``enabled`` —
+    ``None`` (the default everywhere) means where they measured faster than stock on this machine
+    (:func:`skinny_pays`) — else nothing changes."""
+    if skinny_applies(target) and (enabled or (enabled is None and skinny_pays(target))):
         return loop_kernels(target, *models)
     return contextlib.nullcontext()
 

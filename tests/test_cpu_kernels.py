@@ -230,3 +230,41 @@ def test_bf16_units_are_read_from_the_cpus_flags():
     assert cpu_has_bf16_units(zen4) and cpu_has_bf16_units(sapphire) and cpu_has_bf16_units(graviton3)
     assert not cpu_has_bf16_units(skylake) and not cpu_has_bf16_units("")
     assert isinstance(cpu_has_bf16_units(), bool)  # this machine's /proc/cpuinfo, or False where there is none
+
+
+class _Headed(nn.Module):
+    def __init__(self, rows: int, cols: int):
+        super().__init__()
+        self.head = nn.Linear(cols, rows, bias=False)
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_the_loop_runs_its_kernels_by_default_only_where_they_measured_faster(monkeypatch):
+    from hf_dspark import cpu_kernels
+
+    tiny = make_tiny_llama()  # too small to time: the loop's kernels, as before
+    assert cpu_kernels.skinny_pays(tiny) and isinstance(cpu_kernels.loop_linears(None, tiny), cpu_kernels.loop_kernels)
+    big = _Headed(2048, 2048)  # 4.2 M elements: measured once per process, head shape and threads
+    key = ((2048, 2048), torch.get_num_threads())
+    for measured in (False, True):
+        monkeypatch.setitem(cpu_kernels._SKINNY_PAYS, key, measured)
+        chosen = cpu_kernels.loop_linears(None, big)
+        assert isinstance(chosen, cpu_kernels.loop_kernels) is measured
+        assert isinstance(cpu_kernels.loop_linears(True, big), cpu_kernels.loop_kernels)  # True always runs them
+        assert not isinstance(cpu_kernels.loop_linears(False, big), cpu_kernels.loop_kernels)
+
+
+def test_skinny_pays_measures_once_and_returns_a_decision(monkeypatch):
+    from hf_dspark import cpu_kernels
+
+    big = _Headed(2048, 2048)
+    monkeypatch.setattr(cpu_kernels, "_SKINNY_PAYS", {})
+    calls = []
+    real = cpu_kernels.skinny_linear
+    monkeypatch.setattr(cpu_kernels, "skinny_linear", lambda *a: calls.append(1) or real(*a))
+    first = cpu_kernels.skinny_pays(big, repeats=1)
+    measured = len(calls)
+    assert isinstance(first, bool) and measured > 0
+    assert cpu_kernels.skinny_pays(big, repeats=1) is first and len(calls) == measured  # cached

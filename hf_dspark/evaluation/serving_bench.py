@@ -50,7 +50,7 @@ class ServingBenchSettings:
     temperature: float = 0.0
     repeats: int = 1
     max_prefill_tokens: int = 2048
-    cpu_linears: bool = True  # every engine's ``cpu_linears`` (the skinny CPU kernel; False: stock F.linear)
+    cpu_linears: bool | None = None  # every engine's ``cpu_linears`` (None: skinny where it pays; False: stock)
     interleave: str = "steps"  # "steps": the policies of a level in lock-step (ClosedLoop); "runs": one by one
     #: "prompts": benchmark first turns (``ClosedLoop``); "agents": C scripted tool-calling agents
     #: (``AgentClosedLoop``), ``agent_turns`` user turns of 4 generations each

@@ -132,7 +132,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
                   dspark_cache_salt: str | None = None, dspark_isolate: bool = False, dspark_prefix_cache: bool = True,
                   dspark_step_cost=None,
-                  dspark_cpu_linears: bool = True, dspark_tokenizer=None, **model_kwargs):
+                  dspark_cpu_linears: bool | None = None, dspark_tokenizer=None, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.scheduled.ScheduledPolicy``) on
@@ -148,10 +148,11 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     serving several users passes ``dspark_cache_salt`` (one string per user): calls with different salts share
     nothing, since acceptance timing and cache hits can reveal another user's text. ``dspark_isolate=True`` shares
     nothing at all; ``dspark_prefix_cache=False`` keeps no caches (lookup history still shared).
-    On a CPU fp32 target the loop runs its CPU kernels (``cpu_kernels.loop_kernels``): linears as skinny
-    ``W @ xᵀ`` products (one step and short verifies much cheaper than stock ``F.linear``'s, results within its
-    last bits) and verify attention with the query heads of a key/value group folded into the query length (no
-    copies of the keys and values); ``dspark_cpu_linears=False`` keeps the stock kernels.
+    On a CPU fp32 target the loop runs its CPU kernels (``cpu_kernels.loop_kernels``) where they measured faster
+    than stock on this machine (``cpu_kernels.skinny_pays``, once per process): linears as skinny ``W @ xᵀ``
+    products (where stock ``F.linear`` has slow small-M paths, one step and short verifies much cheaper; results
+    within its last bits) and verify attention with the query heads of a key/value group folded into the query
+    length (no copies of the keys and values); ``dspark_cpu_linears=True`` always runs them, False never.
 
     Explicit limits switch to the threshold policy, drafter only: ``dspark_num_tokens`` caps the drafts per round
     (0 = no drafting) and ``dspark_confidence_threshold`` stops a row's proposal at the first draft whose

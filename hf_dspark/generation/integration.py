@@ -24,9 +24,9 @@ DSpark-specific ``generate`` keywords (all optional):
   their lookup history, scheduler and, at batch 1, their caches by default, so an agent's next turn prefills only
   its new tokens; calls with different salts share nothing); ``dspark_isolate`` (True: share nothing at all);
   ``dspark_prefix_cache`` (False: keep no caches): see ``generate.dspark_decode`` and ``speculation/shared_state.py``.
-* ``dspark_cpu_linears`` (default True): on a CPU fp32 target the loop runs its CPU kernels
-  (``hf_dspark.cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears, GQA-folded attention); False keeps stock
-  ``F.linear`` and transformers' SDPA attention.
+* ``dspark_cpu_linears`` (default None: where they measured faster than stock on this machine): on a CPU fp32
+  target the loop runs its CPU kernels (``hf_dspark.cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears,
+  GQA-folded attention); True always; False keeps stock ``F.linear`` and transformers' SDPA attention.
 * ``generator`` (torch.Generator): seeds drafting and verification; ``dspark_recorder``: per-round records.
 """
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..cpu_kernels import loop_linears, skinny_applies
+from ..cpu_kernels import loop_linears, skinny_applies, skinny_pays
 from ..modeling.architectures import architecture_of
 from ..modeling.target_support import raise_if_unsupported_target
 from ..modeling.target_taps import TargetFeatureTap
@@ -106,10 +106,11 @@ class DSparkEngine:
             acceptance is the engine's, not a salt's: co-scheduled requests shape each other's timing whatever
             their salts, as in any batching server.
         prefix_cache_bytes (`int`, defaults to 512 MiB): memory the kept caches may hold.
-        cpu_linears (`bool`, defaults to True): on a CPU fp32 target, steps (and the step-cost profile) run the
-            loop's CPU kernels (``cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears — a few rows per forward
-            cost far less than with stock ``F.linear``, results within its last bits — and GQA-folded verify
-            attention); False keeps the stock kernels.
+        cpu_linears (`bool`, *optional*): on a CPU fp32 target, steps (and the step-cost profile) run the
+            loop's CPU kernels (``cpu_kernels.loop_kernels``: skinny ``W @ xᵀ`` linears — where stock ``F.linear``
+            has slow small-M paths a few rows per forward cost far less, results within its last bits — and
+            GQA-folded verify attention). None (default): where they measured faster than stock on this machine
+            (``cpu_kernels.skinny_pays``); True always; False keeps the stock kernels.
     """
 
     # rounds of target features kept unprojected while the scheduler skips the drafter (bounds their memory)
@@ -120,7 +121,8 @@ class DSparkEngine:
                  max_request_tokens: int | None = None, max_prefill_tokens: int = 1024, sps: CostSource = None,
                  sps_cache_dir: str | None = None, tokenizer=None, max_hole_fraction: float = 0.5,
                  log_interval_s: float = 30.0, lookup: bool = True, lookup_history_tokens: int = 65_536,
-                 prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES, cpu_linears: bool = True):
+                 prefix_cache: bool = True, prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+                 cpu_linears: bool | None = None):
         raise_if_unsupported_target(target, "DSparkEngine")
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         # The round is assembled as generate's is (speculation/builder.py); the engine's own: a drafter the policy
@@ -148,7 +150,8 @@ class DSparkEngine:
         self.log_interval_s = float(log_interval_s)
         self._raise_if_invalid_limits()
         self.default_eos_ids = target_stop_token_ids(target)
-        self.cpu_linears = bool(cpu_linears) and skinny_applies(target)
+        self.cpu_linears = skinny_applies(target) and (
+            skinny_pays(target) if cpu_linears is None else bool(cpu_linears))
         self.sps_cache_dir = sps_cache_dir
         self._cost = EngineStepCost(sps, target=target, drafter=builder.round_drafter,
                                     max_rows=self.max_running_requests, max_width=1 + max(self.max_proposal, 1),
