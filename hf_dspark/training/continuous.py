@@ -281,6 +281,8 @@ def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: flo
     row = {"session": recipe.session, "step": trainer.step, "train_tokens": int(tokens),
            "train_loss": round(loss, 4), "samples": len(trainer.dataset), "lr": trainer.config.learning_rate,
            "precision": trainer.accelerator.mixed_precision, "num_anchors": trainer.config.num_anchors,
+           # how the scores rank the sequential bias (drafting's own setting): rows without it used the base top-64
+           "sequential_top_k": getattr(trainer.drafter.config, "sequential_top_k", None),
            "heldout": {name: {"tau_greedy": round(s["tau_greedy"], 4),
                               "acceptance": [round(a, 4) for a in s["conditional_acceptance"]]}
                        for name, s in scores.items()},

@@ -158,6 +158,7 @@ def test_continuous_run_writes_its_curve_and_best_drafter_and_continues_from_the
     assert rows[0]["train_tokens"] == 0 < rows[1]["train_tokens"] < rows[2]["train_tokens"]
     assert set(rows[1]["heldout"]) == {"chat", "code"}
     assert rows[1]["lr"] == 3e-3 and rows[1]["precision"] == "no" and rows[1]["num_anchors"] == 8
+    assert rows[1]["sequential_top_k"] == legacy.config.sequential_top_k
     best = json.loads((tmp_path / "best" / "config.json").read_text())
     assert best["draft_layer_style"] == "qwen3" and best["num_hidden_layers"] == 2 and best["dtype"] == "bfloat16"
     from safetensors import safe_open
