@@ -184,19 +184,30 @@ def plot_position_acceptance(conditional: Mapping[str, Sequence[float]], path: s
     return _save(fig, path)
 
 
+def _curve_kind(row: Mapping) -> str:
+    if row.get("cool_down_steps"):
+        return "cooled"
+    return "whole" if row.get("sequential_top_k") == 0 else "top-64"
+
+
 def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
                         reference: Mapping[str, float] | None = None, title: str | None = None) -> Path:
     """Held-out τ (greedy, full block) against training tokens, one line per prompt set: the record of a continuous
-    training run (rows of its ``curve.jsonl``). ``reference``: τ per prompt set of a drafter to beat (dashed)."""
+    training run (rows of its ``curve.jsonl``). Cooled-down copies are stars; rows scored with the sequential bias
+    over the whole draft vocabulary (``sequential_top_k`` 0; rows without the field used the base top-64) are their
+    own line, so a change of scoring is not read as training. ``reference``: τ per prompt set of a drafter to beat
+    (dashed)."""
     fig, (ax,) = _new_figure(1, panel_size=(6.0, 3.8))
     sets = sorted({name for row in rows for name in row["heldout"]})
     for name, color in zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
-        for cooled, style in ((False, {"marker": "o"}), (True, {"marker": "*", "markersize": 11, "linestyle": ""})):
+        kinds = (("top-64", name, {"marker": "o"}),
+                 ("cooled", f"{name}: cooled-down copy", {"marker": "*", "markersize": 11, "linestyle": ""}),
+                 ("whole", f"{name}: bias over the whole vocabulary", {"marker": "D", "linestyle": ":"}))
+        for kind, label, style in kinds:
             points = [(row["train_tokens"] / 1e6, row["heldout"][name]["tau_greedy"]) for row in rows
-                      if name in row["heldout"] and bool(row.get("cool_down_steps")) == cooled]
+                      if name in row["heldout"] and _curve_kind(row) == kind]
             if points:
-                ax.plot([x for x, _ in points], [y for _, y in points], color=color,
-                        label=f"{name}: cooled-down copy" if cooled else name, **style)
+                ax.plot([x for x, _ in points], [y for _, y in points], color=color, label=label, **style)
         if reference and name in reference:
             ax.axhline(reference[name], color=color, linestyle="--", alpha=0.6, label=f"{name}: shipped drafter")
     ax.set(xlabel="training tokens (millions, all sessions)", ylabel="held-out τ (greedy, full block)")
