@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 
 import torch
@@ -248,8 +249,6 @@ def skinny_pays(model: nn.Module, repeats: int = 5) -> bool:
         return True
     key = (tuple(weight.shape), torch.get_num_threads())
     if key not in _SKINNY_PAYS:
-        import time
-
         weight = weight.detach()
         times: dict[str, list[float]] = {"stock": [], "skinny": []}
         with torch.no_grad():

@@ -330,7 +330,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature,
-        repeats=args.repeats, max_prefill_tokens=args.max_prefill_tokens, cpu_linears=False if args.stock_linears else None,
+        repeats=args.repeats, max_prefill_tokens=args.max_prefill_tokens,
+        cpu_linears=False if args.stock_linears else None,
         interleave=args.interleave, workload=args.workload, agent_turns=args.agent_turns)
     prompts = [] if args.workload == "agents" else serving_prompts(tokenizer, args.eval_dir, args.prompts_per_benchmark,
                                                                    args.max_prompts, args.max_prompt_tokens)

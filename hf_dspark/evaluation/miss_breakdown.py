@@ -19,9 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..training.anchors import IGNORE_LABEL
-from ..training.losses import compute_block_hidden
-from ..training.trainer import anchor_generator, block_batch
-from ..training.validation import draft_candidates
+from ..training.validation import accepted_runs, draft_candidates, teacher_forced_blocks
 
 MISS_CAUSES = ("outside_vocabulary", "second", "third_to_fifth", "sixth_and_below", "not_a_candidate")
 TARGET_CONFIDENCE_EDGES = (0.5, 0.8, 0.95)  # bins of the target's top-1 probability: <0.5, 0.5-0.8, 0.8-0.95, ≥0.95
@@ -65,26 +63,17 @@ def greedy_miss_breakdown(drafter, dataset, target_lm_head: torch.nn.Module, num
     tau_sum, blocks = 0.0, 0
     was_training = drafter.training
     drafter.eval()
-    param = next(drafter.parameters())
-    for start in range(0, len(dataset), batch_size):
-        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        batch, targets = block_batch(samples, drafter.config, num_anchors, anchor_generator(seed, 0, start))
-        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
-                                      batch["attention_mask"].to(param.device), targets.to(param.device),
-                                      batch["input_ids"].to(param.device))
-        full = targets.eval_mask.all(-1)
-        if not bool(full.any()):
-            continue
+    for batch, targets, full, hidden in teacher_forced_blocks(drafter, dataset, num_anchors, batch_size, seed):
         labels, prev = targets.labels[full], targets.prev_ids[full]
-        cand, vals = draft_candidates(drafter, hidden[full], prev.to(param.device))
+        cand, vals = draft_candidates(drafter, hidden, prev.to(hidden.device))
         cand, vals = cand.cpu(), vals.cpu()
         order = vals.sort(dim=-1, descending=True, stable=True).indices  # ties as argmax breaks them
         ranked = cand.gather(-1, order)  # [M, γ, k] best first
         hit = ranked == labels[..., None]
         rank = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(labels, -1))  # 0 = drafted
         match = (rank == 0) & (labels != IGNORE_LABEL)
-        run = match.long().cumprod(-1)
-        alive = torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1).bool()
+        run, alive = accepted_runs(match)
+        alive = alive.bool()
         tau_sum += float((1 + run.sum(-1)).sum())
         blocks += run.shape[0]
         reached += alive.sum(0)

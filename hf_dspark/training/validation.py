@@ -49,6 +49,30 @@ def draft_candidates(drafter, hidden: torch.Tensor, prev_ids: torch.Tensor,
 
 
 @torch.no_grad()
+def teacher_forced_blocks(drafter, dataset, num_anchors: int = 128, batch_size: int = 4, seed: int = 0):
+    """Per batch of ``dataset``: ``(batch, targets, full, hidden)`` for the blocks whose every slot has a label (no
+    answer end inside): ``full`` [N, A] marks them, ``hidden`` [M, γ, d] is the drafter's backbone state of those
+    blocks. The anchors are seeded by ``seed`` and the batch's start, so every scorer sees the same blocks."""
+    param = next(drafter.parameters())
+    for start in range(0, len(dataset), batch_size):
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch, targets = block_batch(samples, drafter.config, num_anchors, anchor_generator(seed, 0, start))
+        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
+                                      batch["attention_mask"].to(param.device), targets.to(param.device),
+                                      batch["input_ids"].to(param.device))
+        full = targets.eval_mask.all(-1)
+        if bool(full.any()):
+            yield batch, targets, full, hidden[full]
+
+
+def accepted_runs(match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, γ] bool draft matches -> (accepted, reached), both [M, γ] long: slot k is accepted iff slots 0..k all
+    match, and reached iff slots before it were all accepted."""
+    run = match.long().cumprod(-1)
+    return run, torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1)
+
+
+@torch.no_grad()
 def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size: int = 4,
                             seed: int = 0) -> dict:
     """Greedy (T = 0) acceptance of ``drafter`` on a cache of the target's own *greedy* answers, every block at once.
@@ -59,30 +83,18 @@ def greedy_block_acceptance(drafter, dataset, num_anchors: int = 128, batch_size
     top-``sequential_top_k`` candidates, as ``draft_block`` does) equals the cached token. Unlike generation it
     scores blocks from every anchor, not only where the previous round ended; seconds instead of minutes, so it
     can score every checkpoint. Returns τ (bonus included) and conditional acceptance per position."""
-    cfg = drafter.config
-    gamma = cfg.block_size
+    gamma = drafter.config.block_size
     reached, accepted = torch.zeros(gamma), torch.zeros(gamma)
     tau_sum, blocks = 0.0, 0
     was_training = drafter.training
     drafter.eval()
-    param = next(drafter.parameters())
-    for start in range(0, len(dataset), batch_size):
-        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        batch, targets = block_batch(samples, cfg, num_anchors, anchor_generator(seed, 0, start))
-        hidden = compute_block_hidden(drafter, batch["target_hidden_states"].to(param.device),
-                                      batch["attention_mask"].to(param.device), targets.to(param.device),
-                                      batch["input_ids"].to(param.device))
-        full = targets.eval_mask.all(-1)  # blocks whose every slot has a label (no answer end inside)
-        h, labels, prev = hidden[full], targets.labels[full], targets.prev_ids[full]
-        if h.shape[0] == 0:
-            continue
-        cand, vals = draft_candidates(drafter, h, prev)
+    for _, targets, full, hidden in teacher_forced_blocks(drafter, dataset, num_anchors, batch_size, seed):
+        labels, prev = targets.labels[full], targets.prev_ids[full]
+        cand, vals = draft_candidates(drafter, hidden, prev.to(hidden.device))
         draft = cand.gather(-1, vals.argmax(-1, keepdim=True)).squeeze(-1)
-        match = (draft.cpu() == labels) & (labels != IGNORE_LABEL)
-        run = match.long().cumprod(-1)  # slot k accepted iff slots 0..k all match
+        run, alive = accepted_runs((draft.cpu() == labels) & (labels != IGNORE_LABEL))
         tau_sum += float((1 + run.sum(-1)).sum())
         blocks += run.shape[0]
-        alive = torch.cat([torch.ones(run.shape[0], 1, dtype=torch.long), run[:, :-1]], dim=1)
         reached += alive.sum(0).float()
         accepted += run.sum(0).float()
     drafter.train(was_training)
@@ -153,4 +165,4 @@ def score_prompt_sets(drafter, dataset, num_anchors: int = 128) -> dict[str, dic
             for name, rows in sorted(groups.items())}
 
 
-__all__ = ["draft_candidates", "greedy_answer_records", "greedy_block_acceptance", "prompt_set_of", "score_prompt_sets"]
+__all__ = ["accepted_runs", "draft_candidates", "greedy_answer_records", "greedy_block_acceptance", "prompt_set_of", "score_prompt_sets", "teacher_forced_blocks"]

@@ -40,13 +40,10 @@ def test_run_heldout_records_full_blocks_and_greedy_answers(tmp_path):
     assert answer["messages"][1]["content"] == expected
 
 
-def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
-    import math
-
-    from hf_dspark.training.validation import greedy_block_acceptance
+def greedy_answer_cache(target, tokenizer, dspark, tmp_path):
+    """A target cache of the tiny target's greedy answers to two held-out prompts."""
     from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache
 
-    target, tokenizer, dspark, dflash = make_setup()
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"id": f"h{i}", "turns": [t]}) + "\n"
                             for i, t in enumerate(["what red tree ?", "what blue sky ?"])))
@@ -54,6 +51,16 @@ def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
     build_target_cache(target, tokenizer, run.answers, tmp_path / "cache", layer_ids=dspark.config.target_layer_ids,
                        min_loss_tokens=1, progress=False)
     dataset = TargetCacheDataset(tmp_path / "cache")
+    return dataset
+
+
+def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
+    import math
+
+    from hf_dspark.training.validation import greedy_block_acceptance
+
+    target, tokenizer, dspark, dflash = make_setup()
+    dataset = greedy_answer_cache(target, tokenizer, dspark, tmp_path)
     for drafter in (dspark, dflash):
         result = greedy_block_acceptance(drafter, dataset, num_anchors=16)
         cond = result["conditional_acceptance"]
@@ -66,17 +73,10 @@ def test_greedy_block_acceptance_on_a_cache_of_greedy_answers(tmp_path):
 def test_miss_breakdown_accounts_for_every_reached_slot(tmp_path):
     from hf_dspark.evaluation.miss_breakdown import (MISS_CAUSES, breakdown_table, confidence_table,
                                                      greedy_miss_breakdown)
-    from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cache
     from hf_dspark.training.validation import greedy_block_acceptance
 
     target, tokenizer, dspark, dflash = make_setup()
-    path = tmp_path / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"h{i}", "turns": [t]}) + "\n"
-                            for i, t in enumerate(["what red tree ?", "what blue sky ?"])))
-    run = run_heldout(target, tokenizer, dspark, read_heldout(path), max_new_tokens=24, batch_size=2)
-    build_target_cache(target, tokenizer, run.answers, tmp_path / "cache", layer_ids=dspark.config.target_layer_ids,
-                       min_loss_tokens=1, progress=False)
-    dataset = TargetCacheDataset(tmp_path / "cache")
+    dataset = greedy_answer_cache(target, tokenizer, dspark, tmp_path)
     # half the vocabulary: the target's tokens outside it are misses of their own cause
     narrow = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16,
                                           draft_vocab=torch.arange(0, target.config.vocab_size, 2)).eval()
