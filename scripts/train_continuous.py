@@ -12,6 +12,11 @@ best yet and leaves the run's own checkpoint as it was):
 
     .venv/bin/python scripts/train_continuous.py --cool-down 150 --threads 2
 
+Prefilled features are kept in runs/feature-memo (--feature-memo; ~7 KB a token), so only the first epoch on a
+machine prefills; on a fresh machine fill it beside the run on the second thread first:
+
+    nohup nice -n 19 .venv/bin/python scripts/train_continuous.py --fill-memo --threads 1 > runs/memo.log 2>&1 &
+
 The held-out validation cache (the target's greedy answers to data/heldout prompts, 128 tokens, committed in
 drafter_training/smollm2/heldout_answers.jsonl) is built on first use under runs/. It trains on the target's own answers (data/smollm2*/, grown by ``hf-dspark regenerate`` beside
 it); --with-human-text adds human-written text and documentation (``python -m hf_dspark.training.document_text``;
@@ -28,7 +33,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import ContinuousRecipe, cool_down, train_continuously
+from hf_dspark.training.continuous import ContinuousRecipe, cool_down, fill_feature_memo, train_continuously
 from hf_dspark.training.target_cache import build_target_cache
 from hf_dspark.training.validation import stored_greedy_answer_records
 
@@ -63,6 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
                    help="the drafter's step: auto = bf16 autocast on a CPU with bf16 units (AVX512-BF16 / AMX / "
                         "Arm BF16) or a GPU, where it is faster at the same loss; fp32 elsewhere (bf16 is emulated there)")
+    p.add_argument("--feature-memo", default="runs/feature-memo",
+                   help="keep prefilled target features here so later epochs read them instead of prefilling again "
+                        "(about 7 KB a token; deleting it is safe)")
+    p.add_argument("--feature-memo-gb", type=float, default=40.0, help="disk cap of the feature memo")
+    p.add_argument("--no-feature-memo", action="store_true", help="prefill every read (no disk beyond checkpoints)")
+    p.add_argument("--fill-memo", action="store_true",
+                   help="prefill every conversation into the feature memo and exit (beside the run, on a spare thread)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cool-down", type=int, metavar="STEPS", default=None,
                    help="score (and ship if best) a copy of the run trained STEPS more steps with a decaying rate, "
@@ -111,7 +123,11 @@ def main(argv=None) -> None:
         data=args.data + (HUMAN_TEXT if args.with_human_text else []), heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
-        bf16_features=not args.no_bf16_features, mixed_precision=args.mixed_precision)
+        bf16_features=not args.no_bf16_features, mixed_precision=args.mixed_precision,
+        feature_memo=None if args.no_feature_memo else args.feature_memo, feature_memo_gb=args.feature_memo_gb)
+    if args.fill_memo:
+        fill_feature_memo(target, tokenizer, recipe)
+        return
     if args.cool_down:
         cool_down(target, tokenizer, recipe, args.cool_down)
         return

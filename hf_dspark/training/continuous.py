@@ -69,6 +69,9 @@ class ContinuousRecipe:
     bf16_features: bool = True
     mixed_precision: str = "auto"  # the drafter's step: "auto" = bf16 autocast where the CPU has bf16 units, or "no"
     seed: int = 0
+    # prefilled features kept on disk (feature_memo.py): later epochs read them instead of prefilling again
+    feature_memo: str | None = None
+    feature_memo_gb: float | None = 40.0
     session: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -155,6 +158,38 @@ def held_out_tau(row: dict) -> float:
     return sum(taus) / len(taus)
 
 
+def prefill_dataset(target, tokenizer, recipe: ContinuousRecipe, drafter, records: list[dict],
+                    feature_target) -> TargetPrefillDataset:
+    """The recipe's conversations, prefilled on read (or read back from the recipe's feature memo)."""
+    cap = None if recipe.feature_memo_gb is None else int(recipe.feature_memo_gb * 1e9)
+    return TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids,
+                                max_length=recipe.max_length, feature_target=feature_target,
+                                logsumexp=drafter.draft_to_target is not None, progress=False,
+                                memo_dir=recipe.feature_memo, memo_max_bytes=cap)
+
+
+def feature_target_for(target, recipe: ContinuousRecipe):
+    """The model that prefills: a bf16 copy of the target when the recipe says so (twice as fast on bf16 CPUs)."""
+    return copy.deepcopy(target).to(torch.bfloat16).eval() if recipe.bf16_features else target
+
+
+def fill_feature_memo(target, tokenizer, recipe: ContinuousRecipe) -> int:
+    """Prefill every conversation the run would read into its feature memo (a second process can do this beside
+    the run, which then finds most of its reads stored); returns how many were prefilled now."""
+    from tqdm.auto import tqdm
+
+    if recipe.feature_memo is None:
+        raise ValueError("The recipe has no feature_memo folder to fill.")
+    drafter = start_drafter(target, recipe)
+    dataset = prefill_dataset(target, tokenizer, recipe, drafter, _DataFiles(recipe.data).records(),
+                              feature_target_for(target, recipe))
+    for i in tqdm(range(len(dataset) - 1, -1, -1), desc="feature memo", unit="conversation"):
+        dataset[i]  # the run reads in random order from the front of its epoch: fill from the back
+    logger.info("Feature memo %s: %d conversations prefilled now, %d were stored; %.1f GB", dataset.memo.dir,
+                dataset.memo.misses, dataset.memo.hits, dataset.memo.used_bytes / 1e9)
+    return dataset.memo.misses
+
+
 class _DataFiles:
     """The recipe's chat-record files and their sizes: a dataset is rebuilt only when they changed."""
 
@@ -176,16 +211,12 @@ class _DataFiles:
 def train_continuously(target, tokenizer, recipe: ContinuousRecipe) -> list[dict]:
     """Run one session of the continuous training (see the module docstring); returns this session's curve rows."""
     drafter = start_drafter(target, recipe)
-    feature_target = target
-    if recipe.bf16_features:
-        feature_target = copy.deepcopy(target).to(torch.bfloat16).eval()
+    feature_target = feature_target_for(target, recipe)
     files = _DataFiles(recipe.data)
     files.changed()
 
     def dataset():
-        return TargetPrefillDataset(target, tokenizer, files.records(), drafter.config.target_layer_ids,
-                                    max_length=recipe.max_length, feature_target=feature_target,
-                                    logsumexp=drafter.draft_to_target is not None, progress=False)
+        return prefill_dataset(target, tokenizer, recipe, drafter, files.records(), feature_target)
 
     config = DSparkTrainingConfig(
         output_dir=recipe.run_dir, max_steps=10**9, per_device_batch_size=recipe.batch_size,
@@ -248,11 +279,8 @@ def cool_down(target, tokenizer, recipe: ContinuousRecipe, steps: int, warmup_st
         progress = json.loads((Path(recipe.run_dir) / PROGRESS_NAME).read_text())
         tokens, step = progress["train_tokens"], progress["step"]
         logger.info("Cooling down a copy of %s (%d tokens)", checkpoint, tokens)
-    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval() if recipe.bf16_features else target
-    dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(recipe.data)),
-                                   drafter.config.target_layer_ids, max_length=recipe.max_length,
-                                   feature_target=feature_target, logsumexp=drafter.draft_to_target is not None,
-                                   progress=False)
+    dataset = prefill_dataset(target, tokenizer, recipe, drafter, read_chat_records(chat_record_files(recipe.data)),
+                              feature_target_for(target, recipe))
     config = DSparkTrainingConfig(
         output_dir=str(Path(recipe.run_dir) / "cool-down"), max_steps=steps, per_device_batch_size=recipe.batch_size,
         gradient_accumulation_steps=recipe.grad_accum, learning_rate=recipe.lr, num_anchors=recipe.num_anchors,

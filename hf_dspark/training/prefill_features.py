@@ -3,8 +3,9 @@
 Why next to the on-disk cache (:mod:`.target_cache`): the cache costs about 7 KB a token (five tapped layers and the
 final state of a 576-wide target, bf16), so ten million tokens of human-written text would take 70 GB, while one
 prefill of a 135M target in bf16 costs about as much as the drafter's training step on the same sequence. Computing
-features on demand makes the training signal as large as the text the machine has, and a run that never stops
-needs no disk beyond its checkpoints.
+features on demand makes the training signal as large as the text the machine has; ``memo_dir`` keeps what was
+prefilled (:mod:`.feature_memo`, capped) so that a run reading the same conversations epoch after epoch prefills
+each once.
 
 Items are exactly what :class:`~.target_cache.TargetCacheDataset` returns (the trainer, the validation helpers and
 the collate function take either): ``input_ids``, ``loss_mask``, ``target_hidden_states`` [T, m·d],
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..modeling.configuration import default_target_layer_ids
 from ..modeling.target_taps import TargetFeatureTap
+from .feature_memo import FeatureMemo, memo_signature
 from .target_cache import MIN_LOSS_TOKENS, TokenizedConversation, run_target, target_logits_function, \
     tokenize_conversation
 
@@ -68,7 +70,8 @@ class TargetPrefillDataset(Dataset):
 
     def __init__(self, target, tokenizer, records: Iterable[dict], layer_ids: Sequence[int] | None = None,
                  max_length: int = 1024, min_loss_tokens: int = MIN_LOSS_TOKENS, feature_target=None,
-                 feature_dtype: torch.dtype = torch.bfloat16, logsumexp: bool = False, progress: bool = True):
+                 feature_dtype: torch.dtype = torch.bfloat16, logsumexp: bool = False, progress: bool = True,
+                 memo_dir: str | os.PathLike | None = None, memo_max_bytes: int | None = None):
         tcfg = target.config.get_text_config()
         self.layer_ids = list(layer_ids) if layer_ids else default_target_layer_ids(tcfg.num_hidden_layers)
         self.target, self.feature_target = target, feature_target if feature_target is not None else target
@@ -89,6 +92,10 @@ class TargetPrefillDataset(Dataset):
                     len(self.samples), sum(self.lengths), self.num_loss_tokens, dropped, min_loss_tokens)
         self._tap: TargetFeatureTap | None = None
         self._logits = target_logits_function(target) if logsumexp else None
+        self.memo = None
+        if memo_dir is not None:
+            signature = memo_signature(target, self.feature_target, self.layer_ids, feature_dtype, logsumexp)
+            self.memo = FeatureMemo(memo_dir, signature, memo_max_bytes)
 
     @property
     def has_logsumexp(self) -> bool:
@@ -107,16 +114,25 @@ class TargetPrefillDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         sample = self.samples[i]
+        loss_mask = torch.tensor(sample.loss_mask, dtype=torch.long)
+        item = {"input_ids": torch.tensor(sample.input_ids, dtype=torch.long), "loss_mask": loss_mask}
+        stored = self.memo.load(sample.input_ids, sample.loss_mask) if self.memo is not None else None
+        if stored is not None:
+            return {**item, **stored}
+        item.update(self._prefill(sample, loss_mask))
+        if self.memo is not None:
+            self.memo.store(sample.input_ids, sample.loss_mask, item)
+        return item
+
+    def _prefill(self, sample: TokenizedConversation, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         if self._tap is None:  # attached on first use, so a dataset that is never read leaves no hooks behind
             self._tap = TargetFeatureTap(self.feature_target, self.layer_ids).attach()
         (features, last), = run_target(self.feature_target, self._tap, [sample], self.pad_id)
         # clone: run_target's outputs are inference tensors, which autograd refuses to save for the drafter's backward
         features, last = features.to("cpu", self.feature_dtype).clone(), last.to("cpu", self.feature_dtype).clone()
-        loss_mask = torch.tensor(sample.loss_mask, dtype=torch.long)
-        item = {"input_ids": torch.tensor(sample.input_ids, dtype=torch.long), "loss_mask": loss_mask,
-                "target_hidden_states": features, "target_last_hidden_states": last}
+        item = {"target_hidden_states": features, "target_last_hidden_states": last}
         if self.logsumexp:
-            item["target_logsumexp"] = self._answer_logsumexp(item["target_last_hidden_states"], loss_mask)
+            item["target_logsumexp"] = self._answer_logsumexp(last, loss_mask)
         return item
 
     @torch.no_grad()
