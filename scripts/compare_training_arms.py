@@ -10,8 +10,8 @@ human-written text and documentation, what scripts/train_continuous.py --with-hu
         --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
 
 Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight``
-(the loss) and ``--num-layers`` (depth, grown by zero-output copies) apply to every arm of a call and are recorded in
-its rows. Arms with one --seed train on the same batches only while the data does not change: pause a regeneration
+(the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply
+to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches only while the data does not change: pause a regeneration
 writing into data/ until every arm of the comparison has started.
 """
 
@@ -57,6 +57,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=None,
                    help="deepen the start to this many draft layers first (new layers start as zero-output copies: "
                         "DSparkDraftModel.grow_layers), to weigh capacity against the start's own depth")
+    p.add_argument("--skip-repeats", type=int, default=None, metavar="N",
+                   help="no loss on answer tokens completing an N-gram seen earlier in the conversation "
+                        "(hf_dspark.training.repetition): loops are the lookup proposer's at serving time")
+    p.add_argument("--feature-memo", default="runs/feature-memo",
+                   help="the continuous run's feature memo: prefilled features are read from (and added to) it")
     p.add_argument("--heldout-cache", default="runs/cache/heldout-greedy-128")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -83,7 +88,10 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
         drafter.grow_layers(args.num_layers)
     dataset = TargetPrefillDataset(target, tokenizer, read_chat_records(chat_record_files(DATA[data])),
                                    drafter.config.target_layer_ids, max_length=1024, feature_target=feature_target,
-                                   logsumexp=drafter.draft_to_target is not None, progress=False)
+                                   logsumexp=drafter.draft_to_target is not None, progress=False,
+                                   memo_dir=args.feature_memo,
+                                   memo_max_bytes=int(ContinuousRecipe.feature_memo_gb * 1e9),
+                                   skip_repeats=args.skip_repeats)
     config = DSparkTrainingConfig(
         output_dir=str(Path(args.out) / f"run-{arm}"), max_steps=args.steps, per_device_batch_size=4,
         gradient_accumulation_steps=1, learning_rate=args.lr, num_anchors=args.num_anchors, seed=args.seed,
@@ -100,7 +108,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
             "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
             "num_anchors": args.num_anchors, "precision": precision,
             "ce_weight": config.loss.ce_weight, "l1_weight": config.loss.l1_weight,
-            "num_layers": drafter.config.num_hidden_layers,
+            "num_layers": drafter.config.num_hidden_layers, "skip_repeats": args.skip_repeats,
             "heldout": {name: {"tau": round(s["tau_greedy"], 4),
                                "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}
                         for name, s in scores.items()}}

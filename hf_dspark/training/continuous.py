@@ -72,6 +72,7 @@ class ContinuousRecipe:
     # prefilled features kept on disk (feature_memo.py): later epochs read them instead of prefilling again
     feature_memo: str | None = None
     feature_memo_gb: float | None = 40.0
+    skip_repeats: int | None = None  # no loss on answer tokens completing an n-gram seen before (repetition.py)
     session: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -165,7 +166,7 @@ def prefill_dataset(target, tokenizer, recipe: ContinuousRecipe, drafter, record
     return TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids,
                                 max_length=recipe.max_length, feature_target=feature_target,
                                 logsumexp=drafter.draft_to_target is not None, progress=False,
-                                memo_dir=recipe.feature_memo, memo_max_bytes=cap)
+                                memo_dir=recipe.feature_memo, memo_max_bytes=cap, skip_repeats=recipe.skip_repeats)
 
 
 def feature_target_for(target, recipe: ContinuousRecipe):
@@ -311,6 +312,7 @@ def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: flo
            "precision": trainer.accelerator.mixed_precision, "num_anchors": trainer.config.num_anchors,
            # how the scores rank the sequential bias (drafting's own setting): rows without it used the base top-64
            "sequential_top_k": getattr(trainer.drafter.config, "sequential_top_k", None),
+           "skip_repeats": recipe.skip_repeats,
            "heldout": {name: {"tau_greedy": round(s["tau_greedy"], 4),
                               "acceptance": [round(a, 4) for a in s["conditional_acceptance"]]}
                        for name, s in scores.items()},

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ..modeling.configuration import default_target_layer_ids
 from ..modeling.target_taps import TargetFeatureTap
 from .feature_memo import FeatureMemo, memo_signature
+from .repetition import mask_repeats
 from .target_cache import MIN_LOSS_TOKENS, TokenizedConversation, run_target, target_logits_function, \
     tokenize_conversation
 
@@ -71,7 +72,8 @@ class TargetPrefillDataset(Dataset):
     def __init__(self, target, tokenizer, records: Iterable[dict], layer_ids: Sequence[int] | None = None,
                  max_length: int = 1024, min_loss_tokens: int = MIN_LOSS_TOKENS, feature_target=None,
                  feature_dtype: torch.dtype = torch.bfloat16, logsumexp: bool = False, progress: bool = True,
-                 memo_dir: str | os.PathLike | None = None, memo_max_bytes: int | None = None):
+                 memo_dir: str | os.PathLike | None = None, memo_max_bytes: int | None = None,
+                 skip_repeats: int | None = None):
         tcfg = target.config.get_text_config()
         self.layer_ids = list(layer_ids) if layer_ids else default_target_layer_ids(tcfg.num_hidden_layers)
         self.target, self.feature_target = target, feature_target if feature_target is not None else target
@@ -92,6 +94,8 @@ class TargetPrefillDataset(Dataset):
                     len(self.samples), sum(self.lengths), self.num_loss_tokens, dropped, min_loss_tokens)
         self._tap: TargetFeatureTap | None = None
         self._logits = target_logits_function(target) if logsumexp else None
+        # n: answer tokens completing an n-gram seen earlier get no loss (repetition.py)
+        self.skip_repeats = skip_repeats
         self.memo = None
         if memo_dir is not None:
             signature = memo_signature(target, self.feature_target, self.layer_ids, feature_dtype, logsumexp)
@@ -118,10 +122,13 @@ class TargetPrefillDataset(Dataset):
         item = {"input_ids": torch.tensor(sample.input_ids, dtype=torch.long), "loss_mask": loss_mask}
         stored = self.memo.load(sample.input_ids, sample.loss_mask) if self.memo is not None else None
         if stored is not None:
-            return {**item, **stored}
-        item.update(self._prefill(sample, loss_mask))
-        if self.memo is not None:
-            self.memo.store(sample.input_ids, sample.loss_mask, item)
+            item.update(stored)
+        else:
+            item.update(self._prefill(sample, loss_mask))
+            if self.memo is not None:
+                self.memo.store(sample.input_ids, sample.loss_mask, item)
+        if self.skip_repeats:  # after the memo: its entries (and the log-normaliser rows) stay the full answer's
+            item["loss_mask"] = mask_repeats(loss_mask, item["input_ids"], self.skip_repeats)
         return item
 
     def _prefill(self, sample: TokenizedConversation, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:

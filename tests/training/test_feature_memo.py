@@ -117,3 +117,35 @@ def test_fill_feature_memo_prefills_what_the_run_will_read(tmp_path, tokenizer, 
                                           continuous.feature_target_for(target, recipe))
     assert all(run_data[i]["target_hidden_states"].shape[1] == 2 * target.config.hidden_size
                for i in range(len(run_data)))
+
+
+def test_repeated_ngrams_are_the_completions_of_earlier_ngrams():
+    from hf_dspark.training.repetition import mask_repeats, repeated_ngram_mask
+
+    ids = torch.tensor([5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8])
+    assert repeated_ngram_mask(ids, 3).tolist() == [False] * 6 + [True, False, False, False, True, True]
+    assert not repeated_ngram_mask(ids, 5).any()
+    run = torch.tensor([4, 4, 4, 4, 4])
+    assert repeated_ngram_mask(run, 2).tolist() == [False, False, True, True, True]
+    mask = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
+    assert mask_repeats(mask, ids, 3).tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 0, 0]
+    with pytest.raises(ValueError):
+        repeated_ngram_mask(ids, 0)
+
+
+def test_skip_repeats_masks_loops_after_the_memo_which_keeps_whole_answers(tmp_path, tokenizer, single_thread):
+    from hf_dspark.training.repetition import repeated_ngram_mask
+
+    target = make_tiny_llama(num_layers=4).eval()
+    loop = "the cat sat on the mat. " * 6
+    records = [{"id": "loop", "messages": [{"role": "user", "content": "Say it again and again."},
+                                           {"role": "assistant", "content": loop}]}]
+    full = _dataset(target, tokenizer, tmp_path / "memo", records)
+    skipping = _dataset(target, tokenizer, tmp_path / "memo", records, skip_repeats=4)
+    a, b = full[0], skipping[0]
+    assert skipping.memo.hits == 1  # the same memo entry serves both
+    repeats = repeated_ngram_mask(a["input_ids"], 4)
+    assert (a["loss_mask"].bool() & repeats).sum() > a["loss_mask"].sum() // 2  # most of the loop is masked
+    assert torch.equal(b["loss_mask"], a["loss_mask"].masked_fill(repeats, 0))
+    for key in ("input_ids", "target_hidden_states", "target_logsumexp"):
+        assert torch.equal(a[key], b[key]), key
