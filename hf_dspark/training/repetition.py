@@ -1,9 +1,9 @@
 """Answer tokens that repeat earlier text of their conversation: left out of a drafter's loss on request.
 
 Why: the target's own answers loop (a third of the regenerated answer tokens complete an 8-gram seen earlier in the
-same conversation, against an eighth of the held-out answers, which stop at 128 tokens), and at serving time such text is the lookup
-proposer's: it drafts repeats for free, and the scheduler picks it there. Blocks spent on loops teach the drafter
-copying it will rarely be asked for; masking them spends every step on text that only the drafter can predict.
+same conversation, against an eighth of the held-out answers, which stop at 128 tokens), and at serving time such
+text is the lookup proposer's: it drafts repeats for free, and the scheduler picks it there. Blocks spent on loops
+teach the drafter copying it will rarely be asked for; masking them spends every step on text only it can predict.
 """
 
 from __future__ import annotations
