@@ -1,9 +1,9 @@
 """Where a training sample's time goes in the continuous run, and what bf16 buys on this CPU.
 
 Per sample of the on-policy data, one thread: the bf16 target's prefill (features), the fp32 LM head's
-log-normaliser, and one optimizer step of the committed drafter at batch 4 in fp32 and in bf16 autocast
-(``--mixed-precision`` of scripts/train_continuous.py). The arms alternate within each repeat, so load drifts hit
-both alike. Pause background jobs first (kill -STOP), then
+log-normaliser, reading both back from a feature memo (what later epochs pay instead), and one optimizer step of
+the committed drafter at batch 4 in fp32 and in bf16 autocast (``--mixed-precision`` of scripts/train_continuous.py).
+The arms alternate within each repeat, so load drifts hit both alike. Pause background jobs first (kill -STOP), then
 
     .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 8
 """
@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import statistics
+import tempfile
 import time
 
 import torch
@@ -22,6 +23,7 @@ from train_continuous import ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
+from hf_dspark.training.feature_memo import FeatureMemo
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
@@ -63,6 +65,15 @@ def main(argv=None) -> None:
     for item in items:
         item["target_logsumexp"] = data._answer_logsumexp(item["target_last_hidden_states"], item["loss_mask"])
     logsumexp = (time.perf_counter() - t0) / len(items)
+    # what a later epoch pays instead of both: reading the sample back from the feature memo (page cache warm)
+    with tempfile.TemporaryDirectory() as memo_dir:
+        memo = FeatureMemo(memo_dir, {"bench_training_step": 1})
+        for sample, item in zip(data.samples, items):
+            memo.store(sample.input_ids, sample.loss_mask, item)
+        t0 = time.perf_counter()
+        for sample in data.samples:
+            memo.load(sample.input_ids, sample.loss_mask)
+        memo_read = (time.perf_counter() - t0) / len(items)
     step = {"no": [], "bf16": []}
     losses = {"no": [], "bf16": []}
     for _ in range(args.repeats):
@@ -84,7 +95,7 @@ def main(argv=None) -> None:
             losses[precision].append(loss)
     tokens = statistics.mean(len(s.input_ids) for s in data.samples)
     result = {"tokens_per_sample": round(tokens), "prefill_bf16_s": round(prefill, 3),
-              "logsumexp_fp32_s": round(logsumexp, 3),
+              "logsumexp_fp32_s": round(logsumexp, 3), "memo_read_s": round(memo_read, 4),
               "step_fp32_s": [round(s, 3) for s in step["no"]], "step_bf16_s": [round(s, 3) for s in step["bf16"]],
               "step_speedup_bf16": [round(a / b, 2) for a, b in zip(step["no"], step["bf16"])],
               "loss_fp32": [round(x, 4) for x in losses["no"]], "loss_bf16": [round(x, 4) for x in losses["bf16"]]}
