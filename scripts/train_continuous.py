@@ -75,9 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-feature-memo", action="store_true", help="prefill every read (no disk beyond checkpoints)")
     p.add_argument("--fill-memo", action="store_true",
                    help="prefill every conversation into the feature memo and exit (beside the run, on a spare thread)")
-    p.add_argument("--skip-repeats", type=int, default=None, metavar="N",
+    # it won on held-out code in three seeds of equal steps and tied on chat (BENCHMARKS.md, "Which data")
+    p.add_argument("--skip-repeats", type=int, default=8, metavar="N",
                    help="no loss on answer tokens completing an N-gram seen earlier in the conversation (loops: the "
-                        "lookup proposer's text at serving time)")
+                        "lookup proposer's text at serving time); 0 trains on every answer token")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cool-down", type=int, metavar="STEPS", default=None,
                    help="score (and ship if best) a copy of the run trained STEPS more steps with a decaying rate, "
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
         bf16_features=not args.no_bf16_features, mixed_precision=args.mixed_precision,
         feature_memo=None if args.no_feature_memo else args.feature_memo, feature_memo_gb=args.feature_memo_gb,
-        skip_repeats=args.skip_repeats)
+        skip_repeats=args.skip_repeats or None)
     if args.fill_memo:
         fill_feature_memo(target, tokenizer, recipe)
         return
