@@ -11,8 +11,8 @@ human-written text and documentation, what scripts/train_continuous.py --with-hu
 
 Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight``
 (the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply
-to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches only while the data does not change: pause a regeneration
-writing into data/ until every arm of the comparison has started.
+to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches only while the
+data does not change: pause a regeneration writing into data/ until every arm of the comparison has started.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prefilled target features kept on disk, so that a training run prefills each conversation once, not every epoch.
 
-Why: in the continuous run the target's prefill (and the log-normaliser over its full vocabulary) costs about five
-times the drafter's own training step, and the run reads the same conversations epoch after epoch. The memo is a
+Why: in the continuous run the target's prefill (and the log-normaliser over its full vocabulary) costs more than
+the drafter's own training step, and the run reads the same conversations epoch after epoch. The memo is a
 folder of one small safetensors file per conversation, named by a hash of its tokens, so it needs no index, grows
 as a regeneration adds conversations, survives a crash (files appear whole through an atomic rename) and can be
 deleted at any time (it is rebuilt on demand). Its cost is disk: about 7 KB a token for a 576-wide target with five
