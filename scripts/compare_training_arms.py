@@ -10,7 +10,7 @@ human-written text and documentation, what scripts/train_continuous.py --with-hu
         --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
 
 Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight``
-(the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply
+/ ``--decay`` (the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply
 to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches only while the
 data does not change: pause a regeneration writing into data/ until every arm of the comparison has started.
 """
@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="weight of the cross-entropy on the answer's tokens (default: the head's, LossConfig.for_head)")
     p.add_argument("--l1-weight", type=float, default=None,
                    help="weight of the L1 distance to the target's probabilities (default: the head's)")
+    p.add_argument("--decay", type=float, default=None,
+                   help="slot k's loss weight is exp(-k / decay) (default: the head's, 4.0 as DeepSpec): smaller "
+                        "puts the early slots, which most rounds stop at, first")
     p.add_argument("--num-layers", type=int, default=None,
                    help="deepen the start to this many draft layers first (new layers start as zero-output copies: "
                         "DSparkDraftModel.grow_layers), to weigh capacity against the start's own depth")
@@ -74,9 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def loss_config(drafter, args) -> LossConfig:
-    """The continuous run's loss for the drafter's head, with the weights --ce-weight / --l1-weight override."""
-    overrides = {name: value for name, value in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight))
-                 if value is not None}
+    """The continuous run's loss for the drafter's head, with what --ce-weight / --l1-weight / --decay override."""
+    overrides = {name: value for name, value in (("ce_weight", args.ce_weight), ("l1_weight", args.l1_weight),
+                                                 ("decay", args.decay)) if value is not None}
     return LossConfig.for_head(drafter.config.sequential_head, **overrides)
 
 
@@ -108,6 +111,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
             "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
             "num_anchors": args.num_anchors, "precision": precision,
             "ce_weight": config.loss.ce_weight, "l1_weight": config.loss.l1_weight,
+            "decay": config.loss.decay,
             "num_layers": drafter.config.num_hidden_layers, "skip_repeats": args.skip_repeats,
             "heldout": {name: {"tau": round(s["tau_greedy"], 4),
                                "acceptance": [round(a, 3) for a in s["conditional_acceptance"]]}

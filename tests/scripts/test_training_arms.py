@@ -1,5 +1,5 @@
-"""``compare_training_arms.py``: the arms' loss is the continuous run's unless --ce-weight / --l1-weight say otherwise,
-and the row records which weights an arm trained with."""
+"""``compare_training_arms.py``: the arms' loss is the continuous run's unless --ce-weight / --l1-weight / --decay say
+otherwise, and the row records which weights an arm trained with."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ def test_arms_default_to_the_heads_own_loss(arms):
 def test_weights_given_override_only_themselves(arms):
     args = arms.parse_args(["--start", "D", "--arms", "onpolicy-constant", "--out", "O", "--ce-weight", "1.0"])
     config = arms.loss_config(drafter_with("markov"), args)
-    assert (config.ce_weight, config.l1_weight, config.confidence_weight) == (1.0, 0.9, 1.0)
+    assert (config.ce_weight, config.l1_weight, config.confidence_weight, config.decay) == (1.0, 0.9, 1.0, 4.0)
+    config = arms.loss_config(drafter_with("markov"), arms.parse_args(
+        ["--start", "D", "--arms", "onpolicy-constant", "--out", "O", "--decay", "2"]))
+    assert (config.ce_weight, config.l1_weight, config.decay) == (0.1, 0.9, 2.0)
 
 
 def test_arms_keep_the_starts_depth_unless_told(arms):
