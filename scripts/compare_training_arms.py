@@ -9,10 +9,11 @@ human-written text and documentation, what scripts/train_continuous.py --with-hu
     nice -n 19 .venv/bin/python scripts/compare_training_arms.py --start drafter_training/smollm2/drafter \\
         --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
 
-Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight``
-/ ``--decay`` (the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply
-to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches only while the
-data does not change: pause a regeneration writing into data/ until every arm of the comparison has started.
+Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight`` /
+``--decay`` (the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on
+loops) apply to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches
+only while the data does not change: pause a regeneration writing into data/ until every arm of the comparison has
+started.
 """
 
 from __future__ import annotations
