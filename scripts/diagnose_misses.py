@@ -9,7 +9,8 @@ continuous run builds it on first use: ``scripts/train_continuous.py``).
 
 ``--ngram-from "data/smollm2*/train.jsonl"`` adds a yardstick: how often a trigram model counted over those files'
 answers (backing off to bigrams) names the next token at the same held-out positions. A drafter that barely beats it
-gets little from the target's features.
+gets little from the target's features. ``--feature-ablations`` says how much τ rests on those features: scored again
+with them zeroed, taken from another conversation, or noised (DIR/feature_ablations.json, a table in the .md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 from torch.utils.data import Subset
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.evaluation.miss_breakdown import breakdown_table, confidence_table, greedy_miss_breakdown
+from hf_dspark.evaluation.miss_breakdown import (ablation_table, breakdown_table, confidence_table, feature_ablations,
+                                                 greedy_miss_breakdown)
 from hf_dspark.loading import load_target
 from hf_dspark.training.prefill_features import chat_record_files, read_chat_records
 from hf_dspark.training.target_cache import TargetCacheDataset
@@ -39,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-anchors", type=int, default=128, help="as the continuous run's validation")
     p.add_argument("--ngram-from", nargs="+", default=None, metavar="FILE",
                    help="chat-record files or globs whose answers a trigram yardstick counts")
+    p.add_argument("--feature-ablations", action="store_true",
+                   help="also score each drafter with the target's features zeroed, from another conversation, noised")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
@@ -85,13 +89,16 @@ def main(argv=None) -> None:
     groups: dict[str, list[int]] = {}
     for i, sid in enumerate(dataset.ids):
         groups.setdefault(prompt_set_of(sid), []).append(i)
-    results = {}
+    results, ablations = {}, {}
     for name, path in zip(names, args.drafters):
         drafter = DSparkDraftModel.from_pretrained(path, target=target).float()
         for prompt_set, rows in sorted(groups.items()):
             results[f"{name}, {prompt_set}"] = greedy_miss_breakdown(
                 drafter, Subset(dataset, rows), target.lm_head, num_anchors=args.num_anchors)
             logging.info("%s, %s: τ %.3f", name, prompt_set, results[f"{name}, {prompt_set}"]["tau_greedy"])
+            if args.feature_ablations:
+                ablations[f"{name}, {prompt_set}"] = feature_ablations(drafter, Subset(dataset, rows),
+                                                                       num_anchors=args.num_anchors)
     yardstick = trigram_yardstick(tokenizer, args.ngram_from, dataset, groups) if args.ngram_from else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,6 +111,9 @@ def main(argv=None) -> None:
     if yardstick:
         text += "\nTrigram yardstick (position 1, all answer positions): " + ", ".join(
             f"{name} {100 * y['accepted'] / max(y['positions'], 1):.1f} %" for name, y in yardstick.items()) + "\n"
+    if ablations:
+        (out / "feature_ablations.json").write_text(json.dumps(ablations, indent=1) + "\n")
+        text += "\nτ (position-1 acceptance) with the target's features altered\n\n" + ablation_table(ablations) + "\n"
     (out / "miss_breakdown.md").write_text(text)
     print((out / "miss_breakdown.md").read_text())
 

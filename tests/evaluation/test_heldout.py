@@ -116,3 +116,39 @@ def test_draft_candidates_over_the_whole_vocabulary_rank_what_training_scores():
         assert cand.shape[-1] == 4
         assert torch.equal(cand.sort(-1).values,
                            dspark.compute_draft_logits(hidden).float().topk(4).indices.sort(-1).values)
+
+
+def test_feature_ablations_alter_only_the_features(tmp_path):
+    from hf_dspark.evaluation.miss_breakdown import (FEATURE_ABLATIONS, FeaturesAblated, ablation_table,
+                                                     feature_ablations)
+    from hf_dspark.training.validation import greedy_block_acceptance
+
+    target, tokenizer, dspark, _ = make_setup()
+    dataset = greedy_answer_cache(target, tokenizer, dspark, tmp_path)
+    for ablation in FEATURE_ABLATIONS:
+        altered = FeaturesAblated(dataset, ablation)
+        for i in range(len(dataset)):
+            before, after = dataset[i], altered[i]
+            assert set(before) == set(after)
+            for key in before:
+                assert after[key].shape == before[key].shape and after[key].dtype == before[key].dtype
+                if key != "target_hidden_states":
+                    assert torch.equal(after[key], before[key])
+            same = torch.equal(after["target_hidden_states"], before["target_hidden_states"])
+            assert same == (ablation == "as given")
+        again = FeaturesAblated(dataset, ablation)[0]["target_hidden_states"]
+        assert torch.equal(altered[0]["target_hidden_states"], again)  # deterministic: every drafter sees the same
+    assert not FeaturesAblated(dataset, "zeroed")[0]["target_hidden_states"].any()
+    # the other conversation's features, repeated or cut to this one's length
+    other = FeaturesAblated(dataset, "another conversation's")[0]["target_hidden_states"]
+    source = dataset[1]["target_hidden_states"]
+    n = min(len(other), len(source))
+    assert torch.equal(other[:n], source[:n])
+    with pytest.raises(ValueError, match="choose from"):
+        FeaturesAblated(dataset, "shuffled")
+
+    results = feature_ablations(dspark, dataset, num_anchors=16)
+    assert results["as given"] == greedy_block_acceptance(dspark, dataset, num_anchors=16)
+    assert set(results) == set(FEATURE_ABLATIONS)
+    table = ablation_table({"dspark, chat": results})
+    assert table.count("\n") == 2 and "features zeroed" in table
