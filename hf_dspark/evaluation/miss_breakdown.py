@@ -161,12 +161,13 @@ class FeaturesAblated(torch.utils.data.Dataset):
             features = torch.zeros_like(features)
         elif self.ablation == "another conversation's":
             other = self.dataset[(i + 1) % len(self.dataset)]["target_hidden_states"]
-            repeats = -(-features.shape[0] // other.shape[0])
-            features = other.repeat(repeats, *([1] * (other.dim() - 1)))[:features.shape[0]]
+            repeats = -(-features.shape[0] // other.shape[0])  # ceil: enough copies to cover this sample
+            features = torch.cat([other] * repeats)[:features.shape[0]]
         elif self.ablation == "with noise":
             generator = torch.Generator().manual_seed(i)
-            noise = torch.randn(features.shape, generator=generator)
-            features = (features.float() + 0.5 * features.float().std() * noise).to(features.dtype)
+            exact = features.float()
+            noise = torch.randn(exact.shape, generator=generator)
+            features = (exact + 0.5 * exact.std() * noise).to(features.dtype)
         item["target_hidden_states"] = features
         return item
 
