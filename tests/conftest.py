@@ -31,6 +31,14 @@ def make_tiny_llama(seed: int = 0, num_layers: int = 4, vocab_size: int = TINY_V
     return LlamaForCausalLM(cfg).eval()
 
 
+def make_tiny_drafter(target, seed: int = 1, num_layers: int = 1, **kwargs):
+    """A DSpark drafter for ``target`` with random weights drawn from ``seed`` (the draws follow the target's)."""
+    from hf_dspark import DSparkDraftModel
+
+    torch.manual_seed(seed)
+    return DSparkDraftModel.from_target(target, num_layers=num_layers, **kwargs).eval()
+
+
 def flat_cost(max_rows: int = 512, max_width: int = 24):
     """A machine where verifying more tokens is free: every width with positive survival is worth verifying (a
     fixed step cost keeps scheduling decisions independent of this machine's timing)."""

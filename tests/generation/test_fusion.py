@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import flat_cost, make_tiny_llama
+from conftest import flat_cost, make_tiny_drafter, make_tiny_llama
 from scipy.stats import chi2_contingency
 
 import hf_dspark.speculation.round as round_module
-from hf_dspark import DSparkDraftModel, DSparkEngine
+from hf_dspark import DSparkEngine
 from hf_dspark.speculation.lookup import LookupProposal, LookupProposer
 from hf_dspark.speculation.shared_state import forget, shared_state_for
 from hf_dspark.scheduling import ScheduledPolicy, StepCostProfile, make_policy
@@ -28,8 +28,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(12)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    return make_tiny_drafter(target, seed=12, block_size=4, markov_rank=8)
 
 
 # a prompt that repeats itself: the lookup proposer matches from the first round on

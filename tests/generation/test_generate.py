@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_llama, make_tiny_qwen3
+from conftest import make_tiny_drafter, make_tiny_llama, make_tiny_qwen3
 
 from hf_dspark import DSparkDraftModel
 
@@ -55,8 +55,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(1)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    return make_tiny_drafter(target, seed=1, block_size=5, markov_rank=16)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import make_tiny_drafter, make_tiny_llama
 from transformers import DynamicCache
 
 from hf_dspark import DSparkDraftModel
@@ -22,8 +22,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(0)
-    return DSparkDraftModel.from_target(target, num_layers=1).eval()
+    return make_tiny_drafter(target, seed=0)
 
 
 def prefilled(target, ids: torch.Tensor, count: int, mask: torch.Tensor | None = None) -> DynamicCache:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import make_tiny_drafter, make_tiny_llama
 from transformers import TextIteratorStreamer
 
 from hf_dspark import DSparkDraftModel
@@ -33,8 +33,7 @@ def saved_bf16_drafter(target, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(1)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    return make_tiny_drafter(target, seed=1, block_size=5, markov_rank=16)
 
 
 @pytest.fixture(scope="module")

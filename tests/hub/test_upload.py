@@ -13,7 +13,7 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
-from conftest import make_tiny_llama
+from conftest import make_tiny_drafter, make_tiny_llama
 from safetensors.torch import load_file
 
 from hf_dspark import DSparkDraftModel
@@ -58,8 +58,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(2)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    return make_tiny_drafter(target, seed=2, block_size=5, markov_rank=16)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import make_tiny_drafter, make_tiny_llama
 from scipy import stats
 from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
@@ -55,8 +55,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(1)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=GAMMA, markov_rank=16).eval()
+    return make_tiny_drafter(target, seed=1, block_size=GAMMA, markov_rank=16)
 
 
 @pytest.fixture(scope="module")

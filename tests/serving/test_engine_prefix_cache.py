@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import flat_cost, make_tiny_llama
+from conftest import flat_cost, make_tiny_drafter, make_tiny_llama
 
-from hf_dspark import DSparkDraftModel
 from hf_dspark.serving.engine import DSparkEngine
 
 
@@ -21,8 +20,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(4)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    return make_tiny_drafter(target, seed=4, block_size=4, markov_rank=8)
 
 
 def plain(target, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -10,9 +10,9 @@ import inspect
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from conftest import make_tiny_drafter, make_tiny_llama
 
-from hf_dspark import DSparkDraftModel, DSparkEngine
+from hf_dspark import DSparkEngine
 from hf_dspark.scheduling import SPSProfile
 from hf_dspark.serving import requests as requests_module
 from hf_dspark.serving.requests import FinishReason, Request, RequestHandle, RequestRejectedError, SamplingParams
@@ -27,8 +27,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(1)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    return make_tiny_drafter(target, seed=1, block_size=4, markov_rank=8)
 
 
 def greedy(target, prompt, n):

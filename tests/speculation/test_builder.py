@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import flat_cost, make_tiny_llama
+from conftest import flat_cost, make_tiny_drafter, make_tiny_llama
 
-from hf_dspark import DSparkDraftModel
 from hf_dspark.generation.generate import _round_for
 from hf_dspark.serving import DSparkEngine
 from hf_dspark.speculation.shared_state import shared_state_for
@@ -19,8 +17,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft(target):
-    torch.manual_seed(1)
-    return DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    return make_tiny_drafter(target, seed=1, block_size=5, markov_rank=16)
 
 
 @pytest.mark.parametrize("policy,lookup", [("scheduled", True), ("scheduled", False), ("fixed", True),
