@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from collections import defaultdict
@@ -211,6 +212,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratio_lines(rows: list[dict]) -> list[str]:
+    """Geometric mean (range) over workloads of the ratios a drafter A/B is judged by: each hf-dspark arm against
+    itself with the compared drafter, and fused against lookup only (what the drafter adds on this text)."""
+    pairs = [(arm, f"{arm}, compared drafter") for arm in ("fused", "DSpark only", "lookup only")]
+    pairs += [("fused", "lookup only"), ("fused, compared drafter", "lookup only, compared drafter")]
+    lines = []
+    for temperature in sorted({r["T"] for r in rows}):
+        speed = {(r["workload"], r["arm"]): r["tok_s"] for r in rows if r["T"] == temperature}
+        for top, bottom in pairs:
+            ratios = [speed[w, top] / speed[w, bottom] for w, arm in speed if arm == top and (w, bottom) in speed]
+            if ratios:
+                mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+                spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+                count = f"{len(ratios)} workload" + "s" * (len(ratios) != 1)
+                lines.append(f"T = {temperature:g}: {top} ÷ {bottom}: {mean:.3f} ({spread}) over {count}")
+    return lines
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="target directory (default: the embedded SmolLM2)")
@@ -267,7 +286,10 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_fusion.json").write_text(json.dumps(rows, indent=1))
-        (out / "bench_fusion.md").write_text(table(rows) + "\n")
+        summary = "\n".join(f"- {line}" for line in ratio_lines(rows))
+        (out / "bench_fusion.md").write_text(table(rows) + "\n\n" + summary + "\n")
+    for line in ratio_lines(rows):
+        print(line)
     return 0
 
 
