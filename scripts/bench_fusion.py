@@ -282,14 +282,14 @@ def main(argv=None) -> int:
             agent_loop(runner, args.turns)
         rows += summarize(runner.records, temperature)
         print(table([r for r in rows if r["T"] == temperature]), flush=True)
+    ratios = ratio_lines(rows)
+    print("\n".join(ratios))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_fusion.json").write_text(json.dumps(rows, indent=1))
-        summary = "\n".join(f"- {line}" for line in ratio_lines(rows))
+        summary = "\n".join(f"- {line}" for line in ratios)
         (out / "bench_fusion.md").write_text(table(rows) + "\n\n" + summary + "\n")
-    for line in ratio_lines(rows):
-        print(line)
     return 0
 
 
