@@ -1,9 +1,10 @@
 """Where a training sample's time goes in the continuous run, and what bf16 buys on this CPU.
 
-Per sample of the on-policy data, one thread: the bf16 target's prefill (features), the fp32 LM head's
-log-normaliser, reading both back from a feature memo (what later epochs pay instead), and one optimizer step of
-the committed drafter at batch 4 in fp32 and in bf16 autocast (``--mixed-precision`` of scripts/train_continuous.py).
-The arms alternate within each repeat, so load drifts hit both alike. Pause background jobs first (kill -STOP), then
+Per sample of the on-policy data, one thread: the target's prefill (features; in bf16 where the CPU has bf16 units,
+as the run prefills), the fp32 LM head's log-normaliser, reading both back from a feature memo (what later epochs
+pay instead), and one optimizer step of the committed drafter at batch 4 in fp32 and in bf16 autocast
+(``--mixed-precision`` of scripts/train_continuous.py). The arms alternate within each repeat, so load drifts hit
+both alike. Pause background jobs first (kill -STOP), then
 
     .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 8
 """
@@ -23,6 +24,7 @@ from train_continuous import ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
+from hf_dspark.training.continuous import prefills_in_bf16
 from hf_dspark.training.feature_memo import FeatureMemo
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
@@ -50,8 +52,9 @@ def main(argv=None) -> None:
     records = read_chat_records(chat_record_files(ON_POLICY))
     n = args.batch_size * args.steps
     records = records[:: max(1, len(records) // n)][:n]
-    data = TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids,
-                                feature_target=copy.deepcopy(target).to(torch.bfloat16).eval(), logsumexp=True,
+    prefiller = copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16() else target
+    data = TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids, feature_target=prefiller,
+                                logsumexp=True,
                                 progress=False)
     # the prefill and the log-normaliser, timed apart on the same samples; computed once, so an arm's step time is
     # the drafter's alone
@@ -94,7 +97,8 @@ def main(argv=None) -> None:
             step[precision].append((time.perf_counter() - t0) / (args.steps - 1) / args.batch_size)
             losses[precision].append(loss)
     tokens = statistics.mean(len(s.input_ids) for s in data.samples)
-    result = {"tokens_per_sample": round(tokens), "prefill_bf16_s": round(prefill, 3),
+    result = {"tokens_per_sample": round(tokens), "prefill_dtype": str(next(prefiller.parameters()).dtype),
+              "prefill_s": round(prefill, 3),
               "logsumexp_fp32_s": round(logsumexp, 3), "memo_read_s": round(memo_read, 4),
               "step_fp32_s": [round(s, 3) for s in step["no"]], "step_bf16_s": [round(s, 3) for s in step["bf16"]],
               "step_speedup_bf16": [round(a / b, 2) for a, b in zip(step["no"], step["bf16"])],

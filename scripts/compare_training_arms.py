@@ -31,7 +31,7 @@ from train_continuous import HUMAN_TEXT, ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import ContinuousRecipe, step_precision
+from hf_dspark.training.continuous import ContinuousRecipe, prefills_in_bf16, step_precision
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.target_cache import TargetCacheDataset
@@ -124,7 +124,8 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target()
-    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval()
+    # as the continuous run prefills: in bf16 only where the CPU (or a GPU) multiplies bf16 natively
+    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16() else target
     heldout = TargetCacheDataset(args.heldout_cache)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--num-anchors", type=int, default=64,
                    help="blocks per sequence: 64 balances the prefill a sequence costs against its blocks on CPU")
-    p.add_argument("--no-bf16-features", action="store_true", help="prefill with the fp32 target (slower)")
+    features = p.add_mutually_exclusive_group()
+    features.add_argument("--bf16-features", dest="bf16_features", action="store_true", default=None,
+                          help="prefill with a bf16 copy of the target (default where the CPU has bf16 units or on a "
+                               "GPU: twice as fast there; elsewhere bf16 is emulated and many times slower)")
+    features.add_argument("--no-bf16-features", dest="bf16_features", action="store_false",
+                          help="prefill with the fp32 target (default on CPUs without bf16 units)")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
                    help="the drafter's step: auto = bf16 autocast on a CPU with bf16 units (AVX512-BF16 / AMX / "
                         "Arm BF16) or a GPU, where it is faster at the same loss; fp32 elsewhere (bf16 is emulated there)")
@@ -127,7 +132,7 @@ def main(argv=None) -> None:
         data=args.data + (HUMAN_TEXT if args.with_human_text else []), heldout_cache=args.heldout_cache, run_dir=args.run_dir, best_dir=args.best_dir,
         curve_file=args.curve, init_from=args.init_from, num_layers=args.num_layers, eval_every=args.eval_every,
         max_hours=args.max_hours, lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
-        bf16_features=not args.no_bf16_features, mixed_precision=args.mixed_precision,
+        bf16_features=args.bf16_features, mixed_precision=args.mixed_precision,
         feature_memo=None if args.no_feature_memo else args.feature_memo, feature_memo_gb=args.feature_memo_gb,
         skip_repeats=args.skip_repeats or None)
     if args.fill_memo:

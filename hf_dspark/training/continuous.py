@@ -66,7 +66,7 @@ class ContinuousRecipe:
     grad_accum: int = 1
     num_anchors: int = 64
     max_length: int = 1024
-    bf16_features: bool = True
+    bf16_features: bool | None = None  # prefill with a bf16 copy of the target; None = where the CPU has bf16 units
     mixed_precision: str = "auto"  # the drafter's step: "auto" = bf16 autocast where the CPU has bf16 units, or "no"
     seed: int = 0
     # prefilled features kept on disk (feature_memo.py): later epochs read them instead of prefilling again
@@ -169,9 +169,20 @@ def prefill_dataset(target, tokenizer, recipe: ContinuousRecipe, drafter, record
                                 memo_dir=recipe.feature_memo, memo_max_bytes=cap, skip_repeats=recipe.skip_repeats)
 
 
+def prefills_in_bf16(bf16_features: bool | None = None) -> bool:
+    """Whether the run prefills with a bf16 copy of the target. ``None`` decides by the hardware: a GPU or a CPU with
+    bf16 units prefills about twice as fast in bf16 (at the same held-out τ, BENCHMARKS.md); on any other CPU oneDNN
+    emulates bf16 and prefill gets many times slower than fp32's."""
+    from ..cpu_kernels import cpu_has_bf16_units
+
+    if bf16_features is not None:
+        return bf16_features
+    return torch.cuda.is_available() or cpu_has_bf16_units()
+
+
 def feature_target_for(target, recipe: ContinuousRecipe):
-    """The model that prefills: a bf16 copy of the target when the recipe says so (twice as fast on bf16 CPUs)."""
-    return copy.deepcopy(target).to(torch.bfloat16).eval() if recipe.bf16_features else target
+    """The model that prefills: a bf16 copy of the target where that is faster (:func:`prefills_in_bf16`)."""
+    return copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16(recipe.bf16_features) else target
 
 
 def fill_feature_memo(target, tokenizer, recipe: ContinuousRecipe) -> int:
@@ -329,5 +340,5 @@ def _append(path: str | os.PathLike, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-__all__ = ["ContinuousRecipe", "best_row", "convert_layer_style", "cool_down", "read_curve", "save_bf16",
-           "step_precision", "train_continuously"]
+__all__ = ["ContinuousRecipe", "best_row", "convert_layer_style", "cool_down", "prefills_in_bf16", "read_curve",
+           "save_bf16", "step_precision", "train_continuously"]

@@ -110,6 +110,24 @@ def test_the_continuous_run_picks_bf16_steps_only_where_the_cpu_has_bf16_units(m
     assert step_precision("no") == "no"
 
 
+def test_the_continuous_run_prefills_in_bf16_only_where_that_is_faster(monkeypatch):
+    """A CPU without bf16 units emulates a bf16 prefill many times slower than fp32's: "auto" keeps fp32 there."""
+    import hf_dspark.cpu_kernels as cpu_kernels
+    from hf_dspark.training.continuous import ContinuousRecipe, feature_target_for, prefills_in_bf16
+
+    target = make_tiny_llama(num_layers=2).eval()
+    recipe = ContinuousRecipe(data=[], heldout_cache="", run_dir="", best_dir="", curve_file="")
+    assert recipe.bf16_features is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for units in (True, False):
+        monkeypatch.setattr(cpu_kernels, "cpu_has_bf16_units", lambda units=units: units)
+        assert prefills_in_bf16(recipe.bf16_features) is units
+        prefilling = feature_target_for(target, recipe)
+        assert next(prefilling.parameters()).dtype == (torch.bfloat16 if units else torch.float32)
+        assert prefills_in_bf16(False) is False and prefills_in_bf16(True) is True
+    assert next(target.parameters()).dtype == torch.float32  # the target itself is never cast
+
+
 def test_constant_schedule_holds_the_rate_after_warm_up():
     config = DSparkTrainingConfig(output_dir="x", max_steps=10**9, schedule="constant", warmup_steps=4)
     assert [config.lr_factor(s) for s in (0, 3, 4, 10**6)] == [0.25, 1.0, 1.0, 1.0]
