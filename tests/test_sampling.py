@@ -123,3 +123,71 @@ def test_sample_rows_refuses_a_row_without_mass():
     for bad in ([[0.0, 0.0]], [[float("nan"), 1.0]], [[float("inf"), 1.0]]):
         with pytest.raises(ValueError, match="positive, finite total"):
             sample_rows(torch.tensor(bad), None)
+
+
+def _warped_probabilities(scores: torch.Tensor, temperature: float, top_p: float, top_k: int | None) -> torch.Tensor:
+    """transformers' own chain (temperature, top-k, top-p, softmax): the distribution ``do_sample=True`` draws from."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warped = TemperatureLogitsWarper(temperature)(None, scores.clone())
+    if top_k:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    if top_p < 1.0:
+        warped = TopPLogitsWarper(top_p)(None, warped)
+    return torch.softmax(warped, dim=-1)
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.2, 0.9, None), (1.0, 0.9, None), (0.7, 0.5, None),
+                                                     (1.5, 0.99, None), (1.0, 1.0, None), (0.8, 0.9, 20)])
+def test_nucleus_keeps_the_tokens_and_probabilities_the_warpers_keep(temperature, top_p, top_k):
+    """Peaked rows (the nucleus inside the 64 candidates) and flat ones (it reaches past them: the whole vocabulary
+    is ranked) in one batch, over a 4,096-token vocabulary."""
+    from hf_dspark.sampling import nucleus
+
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(12, 4096, generator=gen) * torch.tensor([8.0] * 6 + [0.5] * 6)[:, None]
+    ids, probs = nucleus(scores, temperature, top_p, top_k)
+    ours = torch.zeros_like(scores).scatter_add_(1, ids, probs)
+    ours = ours / ours.sum(-1, keepdim=True)
+    want = _warped_probabilities(scores, temperature, top_p, top_k)
+    assert torch.equal(ours > 0, want > 0)
+    torch.testing.assert_close(ours, want, atol=1e-6, rtol=1e-4)
+
+
+def test_nucleus_draw_under_greedy_generate_samples_what_do_sample_would():
+    """The processor that draws (regeneration's sampler) matches the warpers' distribution (χ²), and greedy
+    ``generate`` with it emits exactly the drawn tokens."""
+    from scipy.stats import chisquare
+
+    from hf_dspark.sampling import NucleusDraw
+
+    scores = torch.tensor([[2.0, 1.5, 0.3, -1.0, 1.9, 0.0, -3.0, 1.2]])
+    want = _warped_probabilities(scores, 0.8, 0.9, None)[0]
+    draw = NucleusDraw(0.8, top_p=0.9, generator=torch.Generator().manual_seed(5))
+    out = draw(None, scores.repeat(30_000, 1))
+    assert bool((torch.isfinite(out).sum(-1) == 1).all())
+    counts = torch.bincount(out.argmax(-1), minlength=scores.shape[-1])
+    assert counts[want == 0].sum() == 0
+    expected = want[want > 0].double()
+    expected = (expected / expected.sum() * counts.sum()).numpy()
+    assert chisquare(counts[want > 0].numpy(), expected).pvalue > 1e-3
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        NucleusDraw(0.0)
+
+    from transformers import LogitsProcessorList
+
+    target = make_tiny_llama(seed=3, vocab_size=VOCAB)
+    prompt = torch.tensor([[5, 9, 3, 12], [4, 4, 7, 1]])
+    drawn = []
+
+    class Recording(NucleusDraw):
+        def __call__(self, input_ids, scores):
+            out = super().__call__(input_ids, scores)
+            drawn.append(out.argmax(-1))
+            return out
+
+    torch.manual_seed(0)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=6, min_new_tokens=6, pad_token_id=0,
+                          logits_processor=LogitsProcessorList([Recording(1.0, top_p=0.95)]))
+    assert torch.equal(out[:, prompt.shape[1]:], torch.stack(drawn, dim=1))
+    assert len({tuple(r) for r in out[:, prompt.shape[1]:].tolist()}) == 2  # it samples: rows differ

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessorList
 
+from ..sampling import NucleusDraw
 from .prompts import Prompt, dedupe, magpie_prefix
 
 logger = logging.getLogger(__name__)
@@ -42,13 +44,14 @@ class SamplingSettings:
     max_new_tokens: int = 384
 
     def generate_kwargs(self) -> dict:
+        """``generate``'s arguments. Sampling draws inside a :class:`~hf_dspark.sampling.NucleusDraw` processor
+        under greedy decoding: the same distribution as ``do_sample=True`` with these warpers, without sorting
+        and drawing over the whole vocabulary for each of a batch's rows at every step."""
         if self.temperature <= 0:
             return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
-        kwargs = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                  "max_new_tokens": self.max_new_tokens}
-        if self.top_k:
-            kwargs["top_k"] = self.top_k
-        return kwargs
+        draw = NucleusDraw(self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+                "logits_processor": LogitsProcessorList([draw]), "max_new_tokens": self.max_new_tokens}
 
 
 def prompt_id(prompt: Prompt) -> str:
@@ -250,8 +253,8 @@ def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, 
         prefix = magpie_prefix(tokenizer, system)
         enc = tokenizer([prefix] * batch_size, return_tensors="pt", add_special_tokens=False)
         torch.manual_seed(seed + attempts)
-        out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p,
-                             max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        out = model.generate(**enc, **sampling.generate_kwargs(), pad_token_id=tokenizer.pad_token_id)
         known = len(prompts)
         for row in out[:, enc["input_ids"].shape[1]:].tolist():
             if eos not in row:  # the request never ended: likely rambling, drop it
