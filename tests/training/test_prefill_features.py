@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,15 @@ def test_heldout_answers_are_generated_once_then_read_from_the_committed_file(tm
     assert asked == [["heldout-chat-2"]]  # only the prompt the file lacked was answered
     assert again[:2] == first and [r["id"] for r in again] == [p["id"] for p in prompts]
     assert len(answers.read_text().splitlines()) == 3
+
+
+def test_train_continuous_leaves_the_prefill_precision_to_the_hardware_unless_told():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from test_wrappers import load_script
+
+    script = load_script("train_continuous")
+    assert script.parse_args([]).bf16_features is None
+    assert script.parse_args(["--bf16-features"]).bf16_features is True
+    assert script.parse_args(["--no-bf16-features"]).bf16_features is False
+    with pytest.raises(SystemExit):
+        script.parse_args(["--bf16-features", "--no-bf16-features"])
