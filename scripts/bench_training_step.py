@@ -12,7 +12,6 @@ both alike. Pause background jobs first (kill -STOP), then
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import statistics
@@ -24,7 +23,7 @@ from train_continuous import ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import prefills_in_bf16
+from hf_dspark.training.continuous import prefilling_target
 from hf_dspark.training.feature_memo import FeatureMemo
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
@@ -52,10 +51,9 @@ def main(argv=None) -> None:
     records = read_chat_records(chat_record_files(ON_POLICY))
     n = args.batch_size * args.steps
     records = records[:: max(1, len(records) // n)][:n]
-    prefiller = copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16() else target
+    prefiller = prefilling_target(target)
     data = TargetPrefillDataset(target, tokenizer, records, drafter.config.target_layer_ids, feature_target=prefiller,
-                                logsumexp=True,
-                                progress=False)
+                                logsumexp=True, progress=False)
     # the prefill and the log-normaliser, timed apart on the same samples; computed once, so an arm's step time is
     # the drafter's alone
     head_only = data.logsumexp

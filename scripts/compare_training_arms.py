@@ -19,7 +19,6 @@ started.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import shutil
@@ -31,7 +30,7 @@ from train_continuous import HUMAN_TEXT, ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import ContinuousRecipe, prefills_in_bf16, step_precision
+from hf_dspark.training.continuous import ContinuousRecipe, prefilling_target, step_precision
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.target_cache import TargetCacheDataset
@@ -124,8 +123,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target()
-    # as the continuous run prefills: in bf16 only where the CPU (or a GPU) multiplies bf16 natively
-    feature_target = copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16() else target
+    feature_target = prefilling_target(target)  # as the continuous run prefills
     heldout = TargetCacheDataset(args.heldout_cache)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -180,9 +180,14 @@ def prefills_in_bf16(bf16_features: bool | None = None) -> bool:
     return torch.cuda.is_available() or cpu_has_bf16_units()
 
 
-def feature_target_for(target, recipe: ContinuousRecipe):
+def prefilling_target(target, bf16_features: bool | None = None):
     """The model that prefills: a bf16 copy of the target where that is faster (:func:`prefills_in_bf16`)."""
-    return copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16(recipe.bf16_features) else target
+    return copy.deepcopy(target).to(torch.bfloat16).eval() if prefills_in_bf16(bf16_features) else target
+
+
+def feature_target_for(target, recipe: ContinuousRecipe):
+    """The recipe's prefilling model (:func:`prefilling_target`)."""
+    return prefilling_target(target, recipe.bf16_features)
 
 
 def fill_feature_memo(target, tokenizer, recipe: ContinuousRecipe) -> int:
@@ -340,5 +345,5 @@ def _append(path: str | os.PathLike, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-__all__ = ["ContinuousRecipe", "best_row", "convert_layer_style", "cool_down", "prefills_in_bf16", "read_curve",
-           "save_bf16", "step_precision", "train_continuously"]
+__all__ = ["ContinuousRecipe", "best_row", "convert_layer_style", "cool_down", "prefilling_target",
+           "prefills_in_bf16", "read_curve", "save_bf16", "step_precision", "train_continuously"]
