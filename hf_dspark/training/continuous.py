@@ -329,6 +329,8 @@ def _evaluate(trainer, heldout, recipe: ContinuousRecipe, tokens: int, loss: flo
            # how the scores rank the sequential bias (drafting's own setting): rows without it used the base top-64
            "sequential_top_k": getattr(trainer.drafter.config, "sequential_top_k", None),
            "skip_repeats": recipe.skip_repeats,
+           # the drafter's draft vocabulary when scored (rows without it: 8,192 tokens)
+           "draft_vocab_size": trainer.drafter.config.draft_vocab_size,
            "heldout": {name: {"tau_greedy": round(s["tau_greedy"], 4),
                               "acceptance": [round(a, 4) for a in s["conditional_acceptance"]]}
                        for name, s in scores.items()},

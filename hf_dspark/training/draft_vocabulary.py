@@ -82,7 +82,9 @@ def with_draft_vocabulary(drafter, token_ids: torch.Tensor):
 
     Why this keeps what the drafter learned: its base logits are rows of the target's LM head applied to its own
     hidden state, so a token new to the vocabulary gets a real logit at once; only the sequential head's output
-    rows W2 are indexed by the draft vocabulary: kept tokens keep their rows, new ones start at 0 (no bias).
+    rows W2 are indexed by the draft vocabulary: kept tokens keep their rows, new ones start at the mean learned row.
+    Why the mean, not zero: the learned bias carries a prior shared by all tokens (on SmolLM2's drafter, zero rows
+    let the new tokens crowd out right drafts and cost held-out τ before any retraining; mean rows cost nothing).
     The backbone and the confidence head do not depend on the vocabulary. A vocabulary chosen on narrow data
     caps acceptance wherever the target emits a token outside it; this widens it without retraining from scratch.
     """
@@ -103,8 +105,9 @@ def with_draft_vocabulary(drafter, token_ids: torch.Tensor):
         position = torch.full((config.target_config["vocab_size"],), -1, dtype=torch.long)
         position[old_ids] = torch.arange(old_ids.numel())
         old_rows = position[new_ids]  # row of each new draft token in the old W2 (-1: new token)
-        w2 = torch.zeros_like(fresh.markov_head.markov_w2.weight)
         kept = old_rows >= 0
+        w2 = head.markov_w2.weight.mean(0, keepdim=True).to(fresh.markov_head.markov_w2.weight).expand_as(
+            fresh.markov_head.markov_w2.weight).clone()
         w2[kept] = head.markov_w2.weight[old_rows[kept].to(w2.device)].to(w2.dtype)
         fresh.markov_head.markov_w2.weight.copy_(w2)
     try:
