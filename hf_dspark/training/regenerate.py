@@ -2,7 +2,8 @@
 
 Three back-ends:
 
-* local — batched ``target.generate`` (left padding, prompts sorted by length so a batch wastes little);
+* local — batched plain decoding (left padding, prompts sorted by length so a batch wastes little; an answer that
+  ends leaves the batch, :mod:`~hf_dspark.training.shrinking_decode`);
 * engine — our continuous-batching ``DSparkEngine`` (a finished answer leaves the batch at once and the next
   prompt takes its place, so no row idles until the longest answer of its batch ends; each prompt samples
   with its own seed, so its answer does not depend on which prompts shared its steps);
@@ -30,6 +31,7 @@ from transformers import LogitsProcessorList
 
 from ..sampling import NucleusDraw
 from .prompts import Prompt, dedupe, magpie_prefix
+from .shrinking_decode import NextTokens, decode_shrinking, greedy_tokens, nucleus_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,13 @@ class SamplingSettings:
         draw = NucleusDraw(self.temperature, top_p=self.top_p, top_k=self.top_k)
         return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
                 "logits_processor": LogitsProcessorList([draw]), "max_new_tokens": self.max_new_tokens}
+
+
+    def next_tokens(self) -> NextTokens:
+        """The same draw for :func:`~hf_dspark.training.shrinking_decode.decode_shrinking`."""
+        if self.temperature <= 0:
+            return greedy_tokens
+        return nucleus_sampler(self.temperature, top_p=self.top_p, top_k=self.top_k)
 
 
 def prompt_id(prompt: Prompt) -> str:
@@ -90,23 +99,16 @@ def _render(tokenizer, prompt: Prompt) -> str:
                                          add_generation_prompt=True)
 
 
-@torch.inference_mode()
 def _generate_batch(model, tokenizer, texts: Sequence[str], settings: SamplingSettings, seed: int):
     tokenizer.padding_side = "left"
     enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
-    out = model.generate(**enc, **settings.generate_kwargs(), pad_token_id=tokenizer.pad_token_id)
-    new = out[:, enc["input_ids"].shape[1]:]
     eos_ids = model.generation_config.eos_token_id
-    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
-    results = []
-    for row in new.tolist():
-        end = next((i for i, t in enumerate(row) if t in eos_ids), None)
-        finished = end is not None
-        tokens = row[:end] if finished else row
-        results.append((tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + int(finished),
-                        "stop" if finished else "length"))
-    return results
+    eos_ids = eos_ids if isinstance(eos_ids, list) else [eos_ids]
+    rows = decode_shrinking(model, enc["input_ids"], enc["attention_mask"], settings.max_new_tokens,
+                            next_tokens=settings.next_tokens(), eos_token_ids=eos_ids)
+    return [(tokenizer.decode(row.tokens, skip_special_tokens=True), len(row.tokens) + int(row.finished),
+             "stop" if row.finished else "length") for row in rows]
 
 
 def regenerate_local(model, tokenizer, prompts: Sequence[Prompt], out_path: str | Path,
@@ -244,7 +246,9 @@ def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, 
                 first_attempt = max(first_attempt, int(record.get("attempt", -1)) + 1)
         if len(prompts) >= num:
             return prompts[:num]
-    eos = tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id  # the end of the user's turn
+    stop_ids = model.generation_config.eos_token_id  # where generate would stop too
+    stop_ids = [] if stop_ids is None else stop_ids if isinstance(stop_ids, list) else [stop_ids]
     max_attempts = max(4, 4 * num // batch_size)
     bar = tqdm(total=num, initial=len(prompts), desc="magpie prompts", disable=not progress)
     attempts = first_attempt
@@ -254,12 +258,13 @@ def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, 
         enc = tokenizer([prefix] * batch_size, return_tensors="pt", add_special_tokens=False)
         torch.manual_seed(seed + attempts)
         sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        out = model.generate(**enc, **sampling.generate_kwargs(), pad_token_id=tokenizer.pad_token_id)
+        rows = decode_shrinking(model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
+                                next_tokens=sampling.next_tokens(), eos_token_ids={eos, *stop_ids})
         known = len(prompts)
-        for row in out[:, enc["input_ids"].shape[1]:].tolist():
-            if eos not in row:  # the request never ended: likely rambling, drop it
+        for row in rows:
+            if row.stop_token != eos:  # the request never ended (or ended the text, not the turn): drop it
                 continue
-            text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
+            text = tokenizer.decode(row.tokens, skip_special_tokens=True).strip()
             if 12 <= len(text) and (guard is None or not guard.overlaps(text)):
                 prompts.append(Prompt((text,), "magpie"))
         prompts = dedupe(prompts)
