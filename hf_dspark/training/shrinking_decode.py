@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..kv_cache import growing_cache
 from ..modeling.target_support import cache_kwarg
 from ..sampling import nucleus, sample_rows
 
@@ -53,10 +54,12 @@ class DecodedRow:
 @torch.inference_mode()
 def decode_shrinking(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                      next_tokens: NextTokens = greedy_tokens, eos_token_ids: Iterable[int] = (),
-                     compact_every: int = 16) -> list[DecodedRow]:
+                     compact_every: int = 16, cache: DynamicCache | None = None) -> list[DecodedRow]:
     """Decode up to ``max_new_tokens`` after each left-padded row of ``input_ids``; one :class:`DecodedRow` per row.
 
     ``compact_every``: how many steps pass between removals of finished rows (each copies the live rows' cache).
+    ``cache``: an empty cache to fill (default: :func:`~hf_dspark.kv_cache.growing_cache`, which appends in place
+    where transformers' ``DynamicCache`` copies every layer's whole cache at every step).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
@@ -65,7 +68,7 @@ def decode_shrinking(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=input_ids.device)
     attention_mask = attention_mask.to(input_ids.device, torch.long)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill_(attention_mask == 0, 1)  # as generate's
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model.config) if cache is None else cache
     cache_arg = {cache_kwarg(model): cache}  # the keyword this transformers names the KV cache by
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
                 logits_to_keep=1, **cache_arg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny_llama
+from transformers import DynamicCache
 
 from hf_dspark.sampling import nucleus
 from hf_dspark.training.shrinking_decode import decode_shrinking, greedy_tokens, nucleus_sampler
@@ -35,7 +36,8 @@ def common_eos(model, ids, mask) -> int:
     return max(first_steps, key=lambda t: (len(set(first_steps[t])), len(first_steps[t])))
 
 
-def test_greedy_answers_equal_generate_while_the_batch_shrinks(model):
+@pytest.mark.parametrize("cache_kind", ["growing (default)", "DynamicCache"])
+def test_greedy_answers_equal_generate_while_the_batch_shrinks(model, cache_kind):
     ids, mask = left_padded(PROMPTS)
     eos = common_eos(model, ids, mask)
     reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
@@ -44,7 +46,9 @@ def test_greedy_answers_equal_generate_while_the_batch_shrinks(model):
     hook = model.model.register_forward_pre_hook(
         lambda m, args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
     try:
-        rows = decode_shrinking(model, ids, mask, max_new_tokens=24, eos_token_ids=[eos], compact_every=2)
+        cache = DynamicCache(config=model.config) if cache_kind == "DynamicCache" else None
+        rows = decode_shrinking(model, ids, mask, max_new_tokens=24, eos_token_ids=[eos], compact_every=2,
+                                cache=cache)
     finally:
         hook.remove()
     for row, expected in zip(rows, reference):
