@@ -190,13 +190,20 @@ def _curve_kind(row: Mapping) -> str:
     return "whole" if row.get("sequential_top_k") == 0 else "top-64"
 
 
+def draft_vocabulary_changes(rows: Sequence[Mapping]) -> list[tuple[float, int]]:
+    """(training tokens, new size) wherever a curve row records a draft vocabulary other than the row before it
+    (a row without ``draft_vocab_size`` predates the field): where a widened vocabulary starts."""
+    return [(row["train_tokens"], row["draft_vocab_size"]) for before, row in zip(rows, rows[1:])
+            if row.get("draft_vocab_size") is not None and row["draft_vocab_size"] != before.get("draft_vocab_size")]
+
+
 def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
                         reference: Mapping[str, float] | None = None, title: str | None = None) -> Path:
     """Held-out τ (greedy, full block) against training tokens, one line per prompt set: the record of a continuous
     training run (rows of its ``curve.jsonl``). Cooled-down copies are stars; rows scored with the sequential bias
     over the whole draft vocabulary (``sequential_top_k`` 0; rows without the field used the base top-64) are their
-    own line, so a change of scoring is not read as training. ``reference``: τ per prompt set of a drafter to beat
-    (dashed)."""
+    own line, so a change of scoring is not read as training; a dotted vertical line marks each change of draft
+    vocabulary. ``reference``: τ per prompt set of a drafter to beat (dashed)."""
     fig, (ax,) = _new_figure(1, panel_size=(6.0, 3.8))
     sets = sorted({name for row in rows for name in row["heldout"]})
     for name, color in zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
@@ -210,6 +217,10 @@ def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
                 ax.plot([x for x, _ in points], [y for _, y in points], color=color, label=label, **style)
         if reference and name in reference:
             ax.axhline(reference[name], color=color, linestyle="--", alpha=0.6, label=f"{name}: shipped drafter")
+    for tokens, size in draft_vocabulary_changes(rows):
+        ax.axvline(tokens / 1e6, color="gray", linestyle=":", alpha=0.8)
+        ax.annotate(f"draft vocabulary {size:,}", (tokens / 1e6, 0.02), xycoords=("data", "axes fraction"),
+                    rotation=90, fontsize="x-small", color="gray", ha="right", va="bottom")
     ax.set(xlabel="training tokens (millions, all sessions)", ylabel="held-out τ (greedy, full block)")
     ax.grid(alpha=0.3)
     _legend(ax, fontsize="small")
@@ -218,5 +229,5 @@ def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
     return _save(fig, path)
 
 
-__all__ = ["plot_position_acceptance", "plot_reliability", "plot_threshold_sweep", "plot_throughput_frontier",
+__all__ = ["draft_vocabulary_changes", "plot_position_acceptance", "plot_reliability", "plot_threshold_sweep", "plot_throughput_frontier",
            "plot_training_curve"]

@@ -69,6 +69,17 @@ def test_plot_training_curve(tmp_path):
             for t in (0, 2e5, 4e5)]
     cooled = {"train_tokens": 5e5, "cool_down_steps": 150, "heldout": {"chat": {"tau_greedy": 1.36},
                                                                          "code": {"tau_greedy": 1.43}}}
-    out = plot_training_curve(rows + [cooled], tmp_path / "curve.png", reference={"chat": 1.42, "code": 1.45},
-                              title="held-out τ")
+    widened = {"train_tokens": 6e5, "draft_vocab_size": 12, "heldout": {"chat": {"tau_greedy": 1.37},
+                                                                        "code": {"tau_greedy": 1.44}}}
+    out = plot_training_curve(rows + [cooled, widened], tmp_path / "curve.png",
+                              reference={"chat": 1.42, "code": 1.45}, title="held-out τ")
     assert_png(out)
+
+
+def test_draft_vocabulary_changes_mark_where_a_wider_vocabulary_starts():
+    from hf_dspark.evaluation.plots import draft_vocabulary_changes
+
+    rows = [{"train_tokens": 1}, {"train_tokens": 2}, {"train_tokens": 3, "draft_vocab_size": 12},
+            {"train_tokens": 4, "draft_vocab_size": 12}, {"train_tokens": 5, "draft_vocab_size": 16}]
+    assert draft_vocabulary_changes(rows) == [(3, 12), (5, 16)]
+    assert draft_vocabulary_changes(rows[2:4]) == []
