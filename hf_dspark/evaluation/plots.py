@@ -219,7 +219,7 @@ def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
             ax.axhline(reference[name], color=color, linestyle="--", alpha=0.6, label=f"{name}: shipped drafter")
     for tokens, size in draft_vocabulary_changes(rows):
         ax.axvline(tokens / 1e6, color="gray", linestyle=":", alpha=0.8)
-        ax.annotate(f"draft vocabulary {size:,}", (tokens / 1e6, 0.02), xycoords=("data", "axes fraction"),
+        ax.annotate(f"draft vocab. {size:,}", (tokens / 1e6, 0.02), xycoords=("data", "axes fraction"),
                     rotation=90, fontsize="x-small", color="gray", ha="right", va="bottom")
     ax.set(xlabel="training tokens (millions, all sessions)", ylabel="held-out τ (greedy, full block)")
     ax.grid(alpha=0.3)
