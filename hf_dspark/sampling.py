@@ -69,6 +69,13 @@ def nucleus(scores: torch.Tensor, temperature: float, top_p: float = 1.0, top_k:
     return ids, probs * keep
 
 
+def draw_from_nucleus(scores: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int | None = None,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of scores [B, V], drawn from :func:`nucleus`: [B]."""
+    ids, probs = nucleus(scores, temperature, top_p, top_k)
+    return ids.gather(1, sample_rows(probs, generator)[:, None]).squeeze(1)
+
+
 class NucleusDraw:
     """A logits processor that draws the next token itself, from :func:`nucleus`, and leaves only that token
     finite: run ``generate`` greedy with it (``do_sample=False``) and it samples as ``do_sample=True`` with
@@ -83,9 +90,8 @@ class NucleusDraw:
         self.temperature, self.top_p, self.top_k, self.generator = temperature, top_p, top_k, generator
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        ids, probs = nucleus(scores, self.temperature, self.top_p, self.top_k)
-        drawn = ids.gather(1, sample_rows(probs, self.generator)[:, None])
-        return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
+        drawn = draw_from_nucleus(scores, self.temperature, self.top_p, self.top_k, self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, drawn[:, None], 0.0)
 
 
-__all__ = ["NucleusDraw", "nucleus", "pick_tokens", "sample_rows"]
+__all__ = ["NucleusDraw", "draw_from_nucleus", "nucleus", "pick_tokens", "sample_rows"]

@@ -229,5 +229,5 @@ def plot_training_curve(rows: Sequence[Mapping], path: str | os.PathLike, *,
     return _save(fig, path)
 
 
-__all__ = ["draft_vocabulary_changes", "plot_position_acceptance", "plot_reliability", "plot_threshold_sweep", "plot_throughput_frontier",
-           "plot_training_curve"]
+__all__ = ["draft_vocabulary_changes", "plot_position_acceptance", "plot_reliability", "plot_threshold_sweep",
+           "plot_throughput_frontier", "plot_training_curve"]

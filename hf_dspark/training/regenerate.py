@@ -55,7 +55,6 @@ class SamplingSettings:
         return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
                 "logits_processor": LogitsProcessorList([draw]), "max_new_tokens": self.max_new_tokens}
 
-
     def next_tokens(self) -> NextTokens:
         """The same draw for :func:`~hf_dspark.training.shrinking_decode.decode_shrinking`."""
         if self.temperature <= 0:

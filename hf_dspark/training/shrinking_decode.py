@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from ..kv_cache import growing_cache
 from ..modeling.target_support import cache_kwarg
-from ..sampling import nucleus, sample_rows
+from ..sampling import draw_from_nucleus
 
 NextTokens = Callable[[torch.Tensor], torch.Tensor]  # last-position logits [B, V] -> token ids [B]
 
@@ -38,8 +38,7 @@ def nucleus_sampler(temperature: float, top_p: float = 1.0, top_k: int | None = 
         raise ValueError(f"nucleus_sampler samples: temperature must be > 0 (got {temperature}); use greedy_tokens")
 
     def draw(logits: torch.Tensor) -> torch.Tensor:
-        ids, probs = nucleus(logits, temperature, top_p, top_k)
-        return ids.gather(1, sample_rows(probs, generator)[:, None]).squeeze(1)
+        return draw_from_nucleus(logits, temperature, top_p, top_k, generator)
 
     return draw
 
@@ -47,8 +46,11 @@ def nucleus_sampler(temperature: float, top_p: float = 1.0, top_k: int | None = 
 @dataclass
 class DecodedRow:
     tokens: list[int]  # the answer's tokens, without the end-of-sequence token
-    finished: bool  # it ended with an end-of-sequence token (else it reached max_new_tokens)
-    stop_token: int | None = None  # which end-of-sequence token ended it
+    stop_token: int | None = None  # the end-of-sequence token that ended it (None: it reached max_new_tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_token is not None
 
 
 @torch.inference_mode()
@@ -93,13 +95,13 @@ def decode_shrinking(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         if (step + 1) % compact_every == 0 and bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            live, token, attention_mask, next_position = live[keep], token[keep], attention_mask[keep], next_position[keep]
-            done = done[keep]
+            live, token, done = live[keep], token[keep], done[keep]
+            attention_mask, next_position = attention_mask[keep], next_position[keep]
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
                     use_cache=True, **cache_arg)
         next_position = next_position + 1
-    return [DecodedRow(tokens, stop is not None, stop) for tokens, stop in zip(answers, stop_tokens)]
+    return [DecodedRow(tokens, stop) for tokens, stop in zip(answers, stop_tokens)]
 
 
 __all__ = ["DecodedRow", "NextTokens", "decode_shrinking", "greedy_tokens", "nucleus_sampler"]

@@ -1,5 +1,6 @@
 """Moving a trained drafter onto another draft vocabulary: kept tokens keep their logits (base + sequential
-bias), new tokens get the target head's logit plus the mean learned bias, and the backbone / confidence are untouched."""
+bias), new tokens get the target head's logit plus the mean learned bias, and the backbone / confidence are
+untouched."""
 
 from __future__ import annotations
 
