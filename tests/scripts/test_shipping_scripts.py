@@ -1,6 +1,6 @@
 """The scripts that ship a drafter: calibration prompts it never saw (``unseen_prompts.py``), a stored fit scored on
 rounds recorded elsewhere (``score_calibration.py``) and the card's summary of a continuous run
-(``ship_drafter.curve_summary``), and the prompt sets ``score_prompt_distributions.py`` compares."""
+(``ship_drafter.curve_summary``)."""
 
 from __future__ import annotations
 
@@ -79,16 +79,3 @@ def test_curve_summary_reads_the_best_row_for_the_card(tmp_path):
     assert chat["tau"] == 1.35 and list(chat.values())[1] == "0.25 / 0.12"
     with pytest.raises(SystemExit, match="no rows"):
         load_script("ship_drafter").curve_summary(tmp_path / "missing.jsonl", None)
-
-
-def test_prompt_distribution_sets_read_prompt_files_and_chat_records_alike(tmp_path):
-    turns = [f"Explain idea number {i} in two sentences." for i in range(10)]
-    write_jsonl(tmp_path / "prompts.jsonl", [{"turns": [t, "and a follow-up"]} for t in turns])
-    write_jsonl(tmp_path / "train.jsonl", [{"messages": [{"role": "system", "content": "Be brief."},
-                                                         {"role": "user", "content": t},
-                                                         {"role": "assistant", "content": "..."}]} for t in turns])
-    first_turns = load_script("score_prompt_distributions").first_turns
-    from_prompts = first_turns(str(tmp_path / "prompts.jsonl"), 4, seed=3)
-    assert first_turns(str(tmp_path / "train.jsonl"), 4, seed=3) == from_prompts  # same sample from either form
-    assert len(set(from_prompts)) == 4 and set(from_prompts) <= set(turns)
-    assert sorted(first_turns(str(tmp_path / "prompts.jsonl"), 99, seed=0)) == sorted(turns)  # capped at the file
