@@ -16,11 +16,10 @@ with them zeroed, taken from another conversation, or noised (DIR/feature_ablati
 sample (``--per-set``) of a file's rows START..END (of one category prefix). Answered chat records are scored as
 written, each answer cut to its first ``--answer-tokens`` tokens as the held-out answers are; prompt files (and with
 ``--greedy-answers`` chat records too) are answered by the target (greedy, that many tokens), as the held-out prompts
-were. This says which data would help: rows the
-drafter trained on far above rows written after it, it memorises (more of the same data helps); both alike and the
-held-out sets below, the held-out gap is one of kind (other prompts help, more of the same little). The confidence
-table says how sure the target itself was in each set; the outcome table how often its token was outside the draft
-vocabulary.
+were. This says which data would help: rows the drafter trained on far above rows written after it, it memorises
+(more of the same data helps); both alike and the held-out sets below, the held-out gap is one of kind (other prompts
+help, more of the same little). The confidence table says how sure the target itself was in each set; the outcome
+table how often its token was outside the draft vocabulary.
 
     .venv/bin/python scripts/diagnose_misses.py --drafters drafter_training/smollm2/drafter --names run \
         --sets "seen-chat=data/smollm2-magpie4/train.jsonl" "new-chat=runs/new/train.jsonl" --out DIR
@@ -113,8 +112,8 @@ def sampled_set(spec: str, tokenizer, per_set: int, answer_tokens: int,
         raise SystemExit(f"--sets {spec!r}: expected NAME=FILE[:START[:END]][@CATEGORY]")
     start, end = (int(b) if b else None for b in (bounds + ["", ""])[:2])
     records = list(read_jsonl(path))
-    answered = not greedy_answers and bool(records) and all(any(m.get("role") == "assistant" for m in r.get("messages", ()))
-                                     for r in records)
+    answered = not greedy_answers and bool(records) and all(
+        any(m.get("role") == "assistant" for m in r.get("messages", ())) for r in records)
     if answered:
         rows = [(r.get("category", ""), r) for r in records]
     else:  # any prompt format: the target answers the first turn
@@ -159,8 +158,9 @@ def main(argv=None) -> None:
             target, tokenizer, [p for p in prompts if p["id"] not in done], max_new_tokens=args.answer_tokens)]
         build_target_cache(target, tokenizer, records, args.sets_cache, progress=False)
         cached = TargetCacheDataset(args.sets_cache)
-        for set_name, _, _ in picked:
-            sets.append((set_name, cached, [i for i, sid in enumerate(cached.ids) if sid.startswith(set_name + "/")]))
+        for set_name, conversations, prompts in picked:  # this spec's rows only, whatever else the cache holds
+            wanted = {r["id"] for r in conversations + prompts}
+            sets.append((set_name, cached, [i for i, sid in enumerate(cached.ids) if sid in wanted]))
     results, ablations = {}, {}
     for name, path in zip(names, args.drafters):
         drafter = DSparkDraftModel.from_pretrained(path, target=target).float()
