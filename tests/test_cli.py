@@ -193,6 +193,17 @@ def test_train_builds_the_cache_then_trains(recorded_loaders, monkeypatch):
     assert calls == [("train", "cache/smollm2", "runs/smollm2-dspark", "markov", None, 1.0, True)]
 
 
+def test_regenerate_hands_the_chat_requests_source_to_the_recipe(recorded_loaders, monkeypatch, tmp_path):
+    from hf_dspark.training import training_set
+
+    seen = {}
+    monkeypatch.setattr(training_set, "regenerate_training_set",
+                        lambda model, tokenizer, out, recipe, eval_dir, **kwargs: seen.update(recipe=recipe))
+    assert run(["regenerate", "--sources", "requests", "--num-requests", "10", "--num-magpie", "0", "--threads", "1",
+                "--out", str(tmp_path), "--eval-dir", str(tmp_path)]) == 0
+    assert list(seen["recipe"].sources) == ["requests"] and seen["recipe"].num_requests == 10
+
+
 def test_train_needs_exactly_one_length(recorded_loaders, capsys):
     assert run(["train", "--steps", "3", "--epochs", "1"]) == 2
     assert "exactly one of --steps or --epochs" in capsys.readouterr().err

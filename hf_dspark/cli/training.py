@@ -33,10 +33,12 @@ def add_regenerate(sub) -> None:
                                                              "messages)")
     p.add_argument("--eval-dir", default=None, help="evaluation prompts that must not be trained on (default: "
                                                      "$HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)")
-    p.add_argument("--sources", nargs="*", default=[], choices=["gsm8k", "code"],
-                   help="real-source prompts: gsm8k = the GSM8K train questions (--gsm8k-file), code = requests "
-                        "written from the standard library's functions and classes (prompt_sources.py)")
+    p.add_argument("--sources", nargs="*", default=[], choices=["gsm8k", "code", "requests"],
+                   help="more prompts: gsm8k = the GSM8K train questions (--gsm8k-file), code = requests written "
+                        "from the standard library's functions and classes (prompt_sources.py), requests = "
+                        "well-formed chat requests composed from frames and slot lists (chat_requests.py)")
     p.add_argument("--gsm8k-file", default="../shared/train_data/gsm8k_train.jsonl")
+    p.add_argument("--num-requests", type=int, default=4000, help="with --sources requests: how many chat requests")
     p.add_argument("--num-template", type=int, default=6000)
     p.add_argument("--num-magpie", type=int, default=1500)
     p.add_argument("--magpie-max-new-tokens", type=int, default=64,
@@ -82,8 +84,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     recipe = TrainingSetRecipe(
         prompt_files=args.prompts, num_template=args.num_template, num_magpie=args.num_magpie,
         magpie_max_new_tokens=args.magpie_max_new_tokens, sources=args.sources, gsm8k_file=args.gsm8k_file,
-        seed=args.seed, sampling=SamplingSettings(temperature=args.temperature, top_p=args.top_p,
-                                                  max_new_tokens=args.max_new_tokens))
+        num_requests=args.num_requests, seed=args.seed,
+        sampling=SamplingSettings(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens))
     engine = None
     if args.backend == "engine" and not args.endpoint:
         from ..serving import DSparkEngine

@@ -2,8 +2,9 @@
 
 Prompts come from the user's files (jsonl with ``turns``, ShareGPT ``conversations`` or OpenAI ``messages``),
 from templates, from the target itself (Magpie: the instruct model writes user requests when given only the
-user-turn prefix) and from real sources (GSM8K train questions, requests written from the standard library). They
-are de-duplicated, interleaved round-robin (an early stop still leaves a mix of all of them) and refused if they
+user-turn prefix), from real sources (GSM8K train questions, requests written from the standard library) and from
+well-formed chat requests composed from frames and slot lists (``chat_requests``: what Magpie's requests are not).
+They are de-duplicated, interleaved round-robin (an early stop still leaves a mix of all of them) and refused if they
 overlap the evaluation benchmarks. Answers come from the local target (batched ``generate``, or the
 continuous-batching engine) or from any OpenAI-compatible server. Everything is resumable: prompts are fixed by
 the seed, answers already in ``train.jsonl`` are skipped.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .chat_requests import chat_request_prompts
 from .prompt_sources import TRAIN_CODE_MODULES, code_prompts, gsm8k_prompts
 from .prompts import EvalOverlapGuard, Prompt, dedupe, read_prompts, synthesise_template_prompts
 from .regenerate import (SamplingSettings, regenerate_endpoint, regenerate_local, regenerate_with_engine,
@@ -49,14 +51,15 @@ MAGPIE_SYSTEMS = [
     _ASSISTANT + "Users ask for lists: ideas, names, gifts, activities, books or tips.",
     _ASSISTANT + "Users ask about learning, studying, languages, jobs and careers.",
 ]
-SOURCES = ("gsm8k", "code")
+SOURCES = ("gsm8k", "code", "requests")
 BACKENDS = ("generate", "engine")
 TRAIN_FILE = "train.jsonl"
 
 
 @dataclass
 class TrainingSetRecipe:
-    """What goes into the training set. ``sources``: any of :data:`SOURCES`; ``gsm8k_file`` feeds ``"gsm8k"``."""
+    """What goes into the training set. ``sources``: any of :data:`SOURCES`; ``gsm8k_file`` feeds ``"gsm8k"``,
+    ``num_requests`` sizes ``"requests"`` (composed chat requests, seeded by ``seed``)."""
 
     prompt_files: Sequence[str | os.PathLike] = ()
     num_template: int = 6000
@@ -64,6 +67,7 @@ class TrainingSetRecipe:
     magpie_max_new_tokens: int = 64
     sources: Sequence[str] = ()
     gsm8k_file: str | os.PathLike = "../shared/train_data/gsm8k_train.jsonl"
+    num_requests: int = 4000
     seed: int = 0
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.2, top_p=0.9,
                                                                               max_new_tokens=384))
@@ -104,15 +108,17 @@ def gather_prompts(model, tokenizer, out_dir: str | os.PathLike, recipe: Trainin
     own = dedupe([p for path in recipe.prompt_files for p in read_prompts(path)])
     template = read_prompts(template_file)[: recipe.num_template]
     magpie = read_prompts(magpie_file)[: recipe.num_magpie] if magpie_file.exists() else []
-    sources = []
+    sources = {}
     if "gsm8k" in recipe.sources:
-        sources.append(gsm8k_prompts(recipe.gsm8k_file, guard=guard))
+        sources["gsm8k"] = gsm8k_prompts(recipe.gsm8k_file, guard=guard)
     if "code" in recipe.sources:
-        sources.append(code_prompts(TRAIN_CODE_MODULES, seed=recipe.seed, guard=guard))
-    prompts = interleave(own, template, magpie, *sources)
+        sources["code"] = code_prompts(TRAIN_CODE_MODULES, seed=recipe.seed, guard=guard)
+    if "requests" in recipe.sources:
+        sources["requests"] = chat_request_prompts(recipe.num_requests, seed=recipe.seed, guard=guard)
+    prompts = interleave(own, template, magpie, *sources.values())
     guard.raise_if_overlapping(prompts)
-    logger.info("%d prompts: %d yours, %d templated, %d Magpie, %s from sources", len(prompts), len(own),
-                len(template), len(magpie), [len(s) for s in sources])
+    logger.info("%d prompts: %d yours, %d templated, %d Magpie, from sources %s", len(prompts), len(own),
+                len(template), len(magpie), {name: len(s) for name, s in sources.items()})
     return prompts
 
 

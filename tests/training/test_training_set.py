@@ -26,6 +26,12 @@ def test_unknown_source_is_refused():
         TrainingSetRecipe(sources=["wiki"])
 
 
+def test_composed_chat_requests_join_the_mix(tmp_path):
+    recipe = TrainingSetRecipe(num_template=2, num_magpie=0, sources=["requests"], num_requests=5)
+    prompts = gather_prompts(None, None, tmp_path / "out", recipe, EvalOverlapGuard([]))
+    assert [p.category.startswith("request-") for p in prompts] == [False, True, False, True, True, True, True]
+
+
 def own_prompts(tmp_path, texts):
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in texts))
