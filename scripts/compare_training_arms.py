@@ -2,8 +2,10 @@
 
 Each arm continues the same starting drafter for --steps optimizer steps (fresh optimizer, batch 4, 64 anchors, the
 continuous run's settings) and is scored on the fixed held-out cache (greedy τ, full block). An arm is
-``DATA-SCHEDULE``: DATA is ``onpolicy`` (the target's own answers, data/smollm2*/) or ``mix`` (those plus
-human-written text and documentation, what scripts/train_continuous.py --with-human-text reads); SCHEDULE is
+``DATA-SCHEDULE``: DATA is ``onpolicy`` (the target's own answers, data/smollm2*/), ``mix`` (those plus
+human-written text and documentation, what scripts/train_continuous.py --with-human-text reads) or ``requests`` (only
+the answers to composed chat requests, data/smollm2-requests/: whether that kind of prompt moves held-out chat
+faster than the whole mix does); SCHEDULE is
 ``constant`` (the continuous run's rate) or ``cosine`` (warm-up, then decaying to zero: what --cool-down does).
 
     nice -n 19 .venv/bin/python scripts/compare_training_arms.py --start drafter_training/smollm2/drafter \\
@@ -37,7 +39,7 @@ from hf_dspark.training.target_cache import TargetCacheDataset
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
 from hf_dspark.training.validation import score_prompt_sets
 
-DATA = {"onpolicy": ON_POLICY, "mix": ON_POLICY + HUMAN_TEXT}
+DATA = {"onpolicy": ON_POLICY, "mix": ON_POLICY + HUMAN_TEXT, "requests": ["data/smollm2-requests/train.jsonl"]}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

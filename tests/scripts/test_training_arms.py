@@ -48,3 +48,9 @@ def test_arms_keep_the_starts_depth_unless_told(arms):
 def test_a_bad_arm_is_refused(arms):
     with pytest.raises(SystemExit):
         arms.parse_args(["--start", "D", "--arms", "onpolicy-hourly", "--out", "O"])
+
+
+def test_the_composed_requests_are_an_arm_of_their_own(arms):
+    args = arms.parse_args(["--start", "D", "--arms", "requests-constant", "onpolicy-constant", "--out", "O"])
+    assert args.arms == ["requests-constant", "onpolicy-constant"]
+    assert arms.DATA["requests"] == ["data/smollm2-requests/train.jsonl"]
