@@ -11,8 +11,9 @@ faster than the whole mix does); SCHEDULE is
     nice -n 19 .venv/bin/python scripts/compare_training_arms.py --start drafter_training/smollm2/drafter \\
         --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
 
-Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl. ``--ce-weight`` / ``--l1-weight`` /
-``--decay`` (the loss), ``--num-layers`` (depth, grown by zero-output copies) and ``--skip-repeats`` (no loss on
+Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl, each arm's drafter (bf16) is kept in
+DIR/run-ARM/drafter-seedS. ``--ce-weight`` / ``--l1-weight`` / ``--decay`` (the loss), ``--num-layers`` (depth,
+grown by zero-output copies) and ``--skip-repeats`` (no loss on
 loops) apply to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches
 only while the data does not change: pause a regeneration writing into data/ until every arm of the comparison has
 started.
@@ -32,7 +33,7 @@ from train_continuous import HUMAN_TEXT, ON_POLICY
 
 from hf_dspark import DSparkDraftModel
 from hf_dspark.loading import load_target
-from hf_dspark.training.continuous import ContinuousRecipe, prefilling_target, step_precision
+from hf_dspark.training.continuous import ContinuousRecipe, prefilling_target, save_bf16, step_precision
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.target_cache import TargetCacheDataset
@@ -109,6 +110,7 @@ def run_arm(target, tokenizer, feature_target, heldout, args, arm: str, start: s
         tokens += info["num_tokens"]
         loss += stats.summary(config.loss)["loss"] / args.steps
     scores = score_prompt_sets(trainer.drafter, heldout)
+    save_bf16(trainer.drafter, Path(config.output_dir) / f"drafter-seed{args.seed}")  # for diagnose_misses --drafters
     return {"arm": arm, "seed": args.seed, "steps": args.steps, "tokens": tokens, "loss": round(loss, 4),
             "seconds": round(time.monotonic() - start), "start": args.start, "lr": args.lr,
             "num_anchors": args.num_anchors, "precision": precision,
