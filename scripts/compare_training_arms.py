@@ -5,16 +5,16 @@ continuous run's settings) and is scored on the fixed held-out cache (greedy τ,
 ``DATA-SCHEDULE``: DATA is ``onpolicy`` (the target's own answers, data/smollm2*/), ``mix`` (those plus
 human-written text and documentation, what scripts/train_continuous.py --with-human-text reads) or ``requests`` (only
 the answers to composed chat requests, data/smollm2-requests/: whether that kind of prompt moves held-out chat
-faster than the whole mix does); SCHEDULE is
-``constant`` (the continuous run's rate) or ``cosine`` (warm-up, then decaying to zero: what --cool-down does).
+faster than the whole mix does); SCHEDULE is ``constant`` (the continuous run's rate) or ``cosine`` (warm-up, then
+decaying to zero: what --cool-down does).
 
     nice -n 19 .venv/bin/python scripts/compare_training_arms.py --start drafter_training/smollm2/drafter \\
         --arms mix-constant mix-cosine onpolicy-cosine onpolicy-constant --seed 1 --out DIR
 
 Run it again with another --seed to repeat; rows are appended to DIR/arms.jsonl, each arm's drafter (bf16) is kept in
 DIR/run-ARM/drafter-seedS. ``--ce-weight`` / ``--l1-weight`` / ``--decay`` (the loss), ``--num-layers`` (depth,
-grown by zero-output copies) and ``--skip-repeats`` (no loss on
-loops) apply to every arm of a call and are recorded in its rows. Arms with one --seed train on the same batches
+grown by zero-output copies) and ``--skip-repeats`` (no loss on loops) apply to every arm of a call and are recorded
+in its rows. Arms with one --seed train on the same batches
 only while the data does not change: pause a regeneration writing into data/ until every arm of the comparison has
 started.
 """
