@@ -2,9 +2,11 @@
 
 Per sample of the on-policy data, one thread: the target's prefill (features; in bf16 where the CPU has bf16 units,
 as the run prefills), the fp32 LM head's log-normaliser, reading both back from a feature memo (what later epochs
-pay instead), and one optimizer step of the committed drafter at batch 4 in fp32 and in bf16 autocast
-(``--mixed-precision`` of scripts/train_continuous.py). The arms alternate within each repeat, so load drifts hit
-both alike. Pause background jobs first (kill -STOP), then
+pay instead), and one optimizer step of the committed drafter at batch 4 in fp32 and, on a CPU with bf16 units, in
+bf16 autocast (``--mixed-precision`` of scripts/train_continuous.py). ``--loss-from REV`` adds an fp32 arm whose loss is
+hf_dspark/training/losses.py as of git revision REV: what a change to the loss did to the step's time, on the same
+batches. The arms alternate within each repeat, so load drifts hit all alike. Pause background jobs first
+(kill -STOP), then
 
     .venv/bin/python scripts/bench_training_step.py --repeats 3 --steps 8
 """
@@ -14,17 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import importlib.util
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from train_continuous import ON_POLICY
 
 from hf_dspark import DSparkDraftModel
+from hf_dspark.cpu_kernels import cpu_has_bf16_units
 from hf_dspark.loading import load_target
 from hf_dspark.training.continuous import prefilling_target
 from hf_dspark.training.feature_memo import FeatureMemo
+from hf_dspark.training import trainer as trainer_module
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
@@ -38,8 +46,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--num-anchors", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--loss-from", metavar="REV", default=None,
+                   help="add an fp32 arm with hf_dspark/training/losses.py as of this git revision")
     p.add_argument("--out", default=None, help="also write the results as JSON here")
     return p.parse_args(argv)
+
+
+def loss_at_revision(rev: str, workdir: str):
+    """hf_dspark.training.losses as of git revision ``rev``, imported beside today's (its relative imports resolve
+    to today's package: only the loss differs between the arms)."""
+    source = subprocess.run(["git", "show", f"{rev}:hf_dspark/training/losses.py"], check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(workdir) / "losses_at_revision.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("hf_dspark.training.losses_at_revision", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv=None) -> None:
@@ -75,10 +99,18 @@ def main(argv=None) -> None:
         for sample in data.samples:
             memo.load(sample.input_ids, sample.loss_mask)
         memo_read = (time.perf_counter() - t0) / len(items)
-    step = {"no": [], "bf16": []}
-    losses = {"no": [], "bf16": []}
+    arms = {"no": trainer_module.compute_loss}
+    if cpu_has_bf16_units():  # elsewhere oneDNN emulates bf16: an arm nobody would run (step_precision("auto"))
+        arms["bf16"] = trainer_module.compute_loss
+    if args.loss_from:
+        workdir = tempfile.mkdtemp()
+        arms[f"no@{args.loss_from}"] = loss_at_revision(args.loss_from, workdir).compute_loss
+    step = {arm: [] for arm in arms}
+    losses = {arm: [] for arm in arms}
     for _ in range(args.repeats):
-        for precision in ("no", "bf16"):
+        for arm, compute_loss in arms.items():
+            precision = arm.partition("@")[0]
+            trainer_module.compute_loss = compute_loss
             config = DSparkTrainingConfig(output_dir="runs/bench-training-step", max_steps=10**9,
                                           per_device_batch_size=args.batch_size, gradient_accumulation_steps=1,
                                           num_anchors=args.num_anchors,
@@ -92,15 +124,22 @@ def main(argv=None) -> None:
             for _ in range(args.steps - 1):
                 stats, _ = trainer.training_step()
                 loss += stats.summary(config.loss)["loss"] / (args.steps - 1)
-            step[precision].append((time.perf_counter() - t0) / (args.steps - 1) / args.batch_size)
-            losses[precision].append(loss)
+            step[arm].append((time.perf_counter() - t0) / (args.steps - 1) / args.batch_size)
+            losses[arm].append(loss)
     tokens = statistics.mean(len(s.input_ids) for s in data.samples)
     result = {"tokens_per_sample": round(tokens), "prefill_dtype": str(next(prefiller.parameters()).dtype),
               "prefill_s": round(prefill, 3),
               "logsumexp_fp32_s": round(logsumexp, 3), "memo_read_s": round(memo_read, 4),
-              "step_fp32_s": [round(s, 3) for s in step["no"]], "step_bf16_s": [round(s, 3) for s in step["bf16"]],
-              "step_speedup_bf16": [round(a / b, 2) for a, b in zip(step["no"], step["bf16"])],
-              "loss_fp32": [round(x, 4) for x in losses["no"]], "loss_bf16": [round(x, 4) for x in losses["bf16"]]}
+              "step_fp32_s": [round(s, 3) for s in step["no"]],
+              "step_bf16_s": [round(s, 3) for s in step.get("bf16", [])],
+              "step_speedup_bf16": [round(a / b, 2) for a, b in zip(step["no"], step.get("bf16", []))],
+              "loss_fp32": [round(x, 4) for x in losses["no"]],
+              "loss_bf16": [round(x, 4) for x in losses.get("bf16", [])]}
+    if args.loss_from:
+        old = f"no@{args.loss_from}"
+        result.update({f"step_fp32_s_loss_at_{args.loss_from}": [round(s, 3) for s in step[old]],
+                       f"loss_fp32_loss_at_{args.loss_from}": [round(x, 4) for x in losses[old]],
+                       "step_speedup_over_revision": [round(a / b, 2) for a, b in zip(step[old], step["no"])]})
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -206,13 +206,19 @@ def target_probabilities(drafter, target_hidden: torch.Tensor, target_lse: torch
         return probs[..., drafter.draft_to_target] if drafter.draft_to_target is not None else probs
 
 
-def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, target_hidden, target_lse=None):
-    """Weighted term sums [3] (CE, L1, BCE) and the detached statistics vector for one chunk of blocks."""
+def _chunk_sums(drafter, config: LossConfig, hidden, prev_ids, labels, mask, target_rows, target_hidden,
+                target_lse=None):
+    """Weighted term sums [3] (CE, L1, BCE) and the detached statistics vector for one chunk of blocks.
+
+    ``target_rows`` [B, γ] index the flat target states ``target_hidden`` [R, d] (and ``target_lse`` [R]): blocks
+    overlap, so a position's soft labels are computed once and shared by every slot that predicts it."""
     weights = slot_weights(mask, config.decay)
     logits, conf = compute_block_logits(drafter, hidden, prev_ids)
     with torch.no_grad():
         reduced = drafter.draft_to_target is not None
-        target_probs = target_probabilities(drafter, target_hidden, target_lse)
+        rows, slot_row = torch.unique(target_rows, return_inverse=True)
+        target_probs = target_probabilities(drafter, target_hidden[rows],
+                                            None if target_lse is None else target_lse[rows])[slot_row]
         outside_mass = 0.0
         if reduced:
             # q is 0 outside the draft vocabulary, so those tokens add their target mass to ‖p_d − p_t‖₁ exactly
@@ -257,12 +263,14 @@ def compute_loss(drafter, hidden: torch.Tensor, targets: BlockTargets, target_la
     h = hidden[supervised]
     prev, labels, mask = targets.prev_ids[supervised], targets.labels[supervised], targets.eval_mask[supervised]
     lm_dtype = drafter.target.get_output_embeddings().weight.dtype
-    target_h = gather_target_hidden(target_last_hidden, targets)[supervised].to(lm_dtype)
+    n, t, d = target_last_hidden.shape
+    # slot -> row of the flattened [N·T] target states: sequence i's position p is row i·T + p
+    sequence_start = torch.arange(n, device=target_last_hidden.device).view(n, 1, 1) * t
+    target_rows = (sequence_start + targets.target_positions)[supervised]
+    target_h = target_last_hidden.reshape(n * t, d).to(lm_dtype)
     target_lse = None
     if target_logsumexp is not None and drafter.draft_to_target is not None:
-        n, a, g = targets.target_positions.shape
-        target_lse = target_logsumexp.gather(1, targets.target_positions.reshape(n, a * g)).view(n, a, g)
-        target_lse = target_lse[supervised].float()
+        target_lse = target_logsumexp.reshape(n * t).float()
     num_blocks = h.shape[0]
     if num_blocks == 0:  # keep the graph connected (DDP expects every parameter to get a gradient)
         zero = hidden.sum() * 0.0
@@ -272,8 +280,7 @@ def compute_loss(drafter, hidden: torch.Tensor, targets: BlockTargets, target_la
     sums, stats_vec = 0.0, 0.0
     for start in range(0, num_blocks, step):
         args = (h[start:start + step], prev[start:start + step], labels[start:start + step],
-                mask[start:start + step], target_h[start:start + step],
-                None if target_lse is None else target_lse[start:start + step])
+                mask[start:start + step], target_rows[start:start + step], target_h, target_lse)
         if use_checkpoint:
             chunk_sums, chunk_stats = checkpoint(_chunk_sums, drafter, config, *args, use_reentrant=False)
         else:

@@ -187,6 +187,27 @@ def test_chunked_loss_matches_unchunked_loss_and_gradients(tiny_drafter):
     assert all(p.grad is not None for p in drafter.parameters())
 
 
+def test_overlapping_blocks_share_soft_labels_as_the_per_slot_definition(tiny_drafter):
+    """Blocks overlap (6 anchors of 5 slots on 18 answer positions): each position's soft labels are computed once
+    and shared; the L1 term must still equal Σ w·‖q − p‖₁ with p computed slot by slot, in chunks or not."""
+    from hf_dspark.training.losses import compute_block_logits, gather_target_hidden
+
+    drafter = tiny_drafter.train()
+    features, valid, targets, last_hidden = _real_batch(drafter)
+    sup = targets.eval_mask[..., 0]
+    rows = (torch.arange(2).view(2, 1, 1) * last_hidden.shape[1] + targets.target_positions)[sup]
+    assert rows.unique().numel() < rows.numel()  # several slots predict the same position
+    hidden = compute_block_hidden(drafter, features, valid, targets)
+    logits, _ = compute_block_logits(drafter, hidden[sup], targets.prev_ids[sup])
+    p = torch.softmax(drafter.compute_logits(gather_target_hidden(last_hidden, targets)[sup]), -1)
+    w = slot_weights(targets.eval_mask[sup])
+    expected = (w * (torch.softmax(logits, -1) - p).abs().sum(-1)).sum() / w.sum()
+    for chunk in (1000, 3):
+        out = compute_loss(drafter, hidden, targets, last_hidden,
+                           LossConfig(ce_weight=0.0, confidence_weight=0.0, l1_weight=1.0, chunk_blocks=chunk))
+        torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_block_outputs_match_drafting_primitive(tiny_drafter):
     # the many-blocks training forward equals the inference primitive on the same block (slot 0 has no
     # teacher forcing difference: its previous token is the anchor in both)
