@@ -14,9 +14,9 @@ batches. The arms alternate within each repeat, so load drifts hit all alike. Pa
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -30,9 +30,9 @@ from train_continuous import ON_POLICY
 from hf_dspark import DSparkDraftModel
 from hf_dspark.cpu_kernels import cpu_has_bf16_units
 from hf_dspark.loading import load_target
+from hf_dspark.training import trainer as trainer_module
 from hf_dspark.training.continuous import prefilling_target
 from hf_dspark.training.feature_memo import FeatureMemo
-from hf_dspark.training import trainer as trainer_module
 from hf_dspark.training.losses import LossConfig
 from hf_dspark.training.prefill_features import TargetPrefillDataset, chat_record_files, read_chat_records
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator
@@ -52,17 +52,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def loss_at_revision(rev: str, workdir: str):
+def loss_at_revision(rev: str):
     """hf_dspark.training.losses as of git revision ``rev``, imported beside today's (its relative imports resolve
     to today's package: only the loss differs between the arms)."""
     source = subprocess.run(["git", "show", f"{rev}:hf_dspark/training/losses.py"], check=True,
                             capture_output=True, text=True).stdout
-    path = Path(workdir) / "losses_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("hf_dspark.training.losses_at_revision", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as workdir:
+        path = Path(workdir) / "losses_at_revision.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("hf_dspark.training.losses_at_revision", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
     return module
 
 
@@ -103,8 +104,7 @@ def main(argv=None) -> None:
     if cpu_has_bf16_units():  # elsewhere oneDNN emulates bf16: an arm nobody would run (step_precision("auto"))
         arms["bf16"] = trainer_module.compute_loss
     if args.loss_from:
-        workdir = tempfile.mkdtemp()
-        arms[f"no@{args.loss_from}"] = loss_at_revision(args.loss_from, workdir).compute_loss
+        arms[f"no@{args.loss_from}"] = loss_at_revision(args.loss_from).compute_loss
     step = {arm: [] for arm in arms}
     losses = {arm: [] for arm in arms}
     for _ in range(args.repeats):
