@@ -255,7 +255,7 @@ class _GenerateCall:
         self.stats = drafter.stats = DSparkStats.new(drafter.config.block_size)
         self.stop = StopRules(stopping_criteria, generation_config.max_length)
         self.max_length = self.stop.max_length or input_ids.shape[1] + (generation_config.max_new_tokens or 0)
-        self.row_processors = adapt_for_rows(logits_processor, (self.mask.cumsum(-1) == 0).sum(-1).tolist())
+        self.row_processors = adapt_for_rows(logits_processor, input_ids, (self.mask.cumsum(-1) == 0).sum(-1).tolist())
         reads_ids = not RowLogitsProcessor(self.row_processors[0] if self.row_processors else None, []).ids_independent
         self.tokens = RowTokens(input_ids, self.mask, capacity=self.max_length + drafter.config.block_size + 2,
                                 mirror=reads_ids or bool(self.stop.others))

@@ -2,9 +2,10 @@
 
 In a speculative batch every row has its own length, while a ``LogitsProcessorList`` expects one rectangular
 ``input_ids``. Processors that ignore the ids (temperature, top-k, top-p, min-p, typical, ε/η) run batched, and
-so do the two common ones that read them in a way that survives padding (a repetition penalty reads the set of
-ids; min-new-tokens only each row's length); any other processor (no-repeat-n-gram, custom ones, ...) runs per row
-on that row's own sequence, so the processed logits equal what plain generation of that row computes.
+so do the common ones rewritten for a row without its padding (a repetition penalty reads the set of ids; min-length
+and min-new-tokens only each row's length); any other processor (no-repeat-n-gram, forced or suppressed tokens at a
+length, ``prefix_allowed_tokens_fn``, custom ones, ...) runs per row on the row as plain batched ``generate`` shows
+it, left padding included, so it computes what plain generate computes for that row.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -56,17 +58,43 @@ def _unpadded_min_length(processor: MinLengthLogitsProcessor, num_pad: int):
     return processor
 
 
-# Processors whose state depends on the batch's padding -> their form for one unpadded row.
+# Processors whose state depends on the batch's padding -> their form for one unpadded row (these read the row
+# without its padding, which lets them run batched).
 _ROW_ADAPTERS = {RepetitionPenaltyLogitsProcessor: _unpadded_repetition_penalty,
                  MinNewTokensLengthLogitsProcessor: _unpadded_min_new_tokens,
                  MinLengthLogitsProcessor: _unpadded_min_length}
 
 
-def adapt_for_rows(processors: LogitsProcessorList | None, num_pad: Sequence[int]) -> list[LogitsProcessorList]:
-    """For each row, the processors generate() prepared for the padded batch, rewritten for that row alone."""
+class _PaddedRow(LogitsProcessor):
+    """``processor`` shown one row as plain batched generate shows it: its left padding, then its own ids.
+
+    Why: many processors read the row's length (suppressed tokens at the first step, forced EOS at max_length,
+    forced BOS, the exponential length penalty, ``prefix_allowed_tokens_fn``, custom ones) or its padding ids
+    (no-repeat-n-gram bans n-grams of pads too); given the row alone they act at other steps than plain generate."""
+
+    def __init__(self, processor, padding: torch.Tensor):  # padding: [num_pad]
+        self.processor, self.padding = processor, padding
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        padding = self.padding.to(input_ids.device).expand(input_ids.shape[0], -1)
+        return self.processor(torch.cat([padding, input_ids], dim=1), scores)
+
+
+def _for_row(processor, row: int, padding: torch.Tensor):
+    if type(processor) in _ROW_ADAPTERS:
+        return _ROW_ADAPTERS[type(processor)](processor, padding.shape[0])
+    if padding.shape[0] and not isinstance(processor, _IDS_INDEPENDENT):
+        return _PaddedRow(processor, padding)
+    return processor
+
+
+def adapt_for_rows(processors: LogitsProcessorList | None, input_ids: torch.Tensor,
+                   num_pad: Sequence[int]) -> list[LogitsProcessorList]:
+    """For each row, the processors generate() prepared for the padded batch ``input_ids`` [B, prompt] (row b has
+    ``num_pad[b]`` pads on the left), rewritten to be called with that row's own ids alone."""
     processors = processors or LogitsProcessorList()
-    return [LogitsProcessorList(_ROW_ADAPTERS[type(p)](p, pad) if type(p) in _ROW_ADAPTERS else p for p in processors)
-            for pad in num_pad]
+    return [LogitsProcessorList(_for_row(p, row, input_ids[row, :pad]) for p in processors)
+            for row, pad in enumerate(num_pad)]
 
 
 def apply_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

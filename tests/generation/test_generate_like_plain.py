@@ -160,3 +160,33 @@ def test_scores_of_a_row_that_stopped_early_are_what_plain_generate_returns(targ
         reference = target.compute_transition_scores(expected.sequences, expected.scores, normalize_logits=True)
         assert torch.isfinite(scores).all()
         torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-4)
+
+
+def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three rows of 10, 4 and 8 own tokens, left-padded with 0 to 10."""
+    rows = [[1, 5, 9, 22, 7, 3, 40, 41, 12, 13], [1, 7, 3, 8], [1, 30, 31, 32, 33, 34, 30, 31]]
+    ids = torch.tensor([[0] * (10 - len(r)) + r for r in rows])
+    return ids, (torch.arange(10)[None] >= (10 - torch.tensor([len(r) for r in rows]))[:, None]).long()
+
+
+@pytest.mark.parametrize("setting", [
+    {"begin_suppress_tokens": [31, 14, 40]},  # each row's own first greedy token
+    {"forced_eos_token_id": 7},
+    {"exponential_decay_length_penalty": (2, 3.0), "eos_token_id": [2, 30]},
+    {"no_repeat_ngram_size": 1, "sequence_bias": [[[0], 30.0]]},  # plain generate bans a padded row's pad id
+    {"prefix_allowed_tokens_fn": lambda batch_id, sent: list(range(len(sent), len(sent) + 30))},
+], ids=["begin_suppress_tokens", "forced_eos_token_id", "exponential_decay_length_penalty", "no_repeat_ngram_size",
+        "prefix_allowed_tokens_fn"])
+def test_processors_see_a_padded_row_as_plain_generate_shows_it(target, draft, setting):
+    ids, mask = left_padded_batch()
+    kwargs = {"attention_mask": mask, "max_new_tokens": 10, "do_sample": False, "pad_token_id": 0, **setting}
+    expected = target.generate(ids, **kwargs)
+    got = target.generate(ids, assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0, **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_forced_bos_does_not_fire_on_a_padded_one_token_row(target, draft):
+    ids = torch.tensor([[0, 0, 0, 1], [1, 5, 9, 22]])
+    kwargs = {"attention_mask": (ids != 0).long(), "max_new_tokens": 6, "do_sample": False, "forced_bos_token_id": 5}
+    assert torch.equal(target.generate(ids, assistant_model=draft, **kwargs), target.generate(ids, **kwargs))
+

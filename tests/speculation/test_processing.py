@@ -36,8 +36,9 @@ def test_buffered_prefixes_equal_concatenated_ones():
     tokens.append(0, [9])
     tokens.append(1, [9, 5])
     rows = [0, 1]
-    buffered = RowLogitsProcessor(adapt_for_rows(_processors(), num_pad), tokens=tokens, rows=rows)
-    concatenated = RowLogitsProcessor(adapt_for_rows(_processors(), num_pad), [tokens.own_view(r).clone() for r in rows])
+    buffered = RowLogitsProcessor(adapt_for_rows(_processors(), ids, num_pad), tokens=tokens, rows=rows)
+    concatenated = RowLogitsProcessor(adapt_for_rows(_processors(), ids, num_pad),
+                                      [tokens.own_view(r).clone() for r in rows])
     assert [p.tolist() for p in buffered.prefixes] == [p.tolist() for p in concatenated.prefixes]
     drafts, logits = torch.tensor([[3, 9, 5], [3, 9, 9]]), torch.randn(2, 4, 16)
     torch.testing.assert_close(buffered.process_positions(drafts, logits.clone()),
@@ -71,8 +72,8 @@ def test_batched_processors_equal_per_row_processing():
     tokens.append(0, [9, 2])
     tokens.append(2, [12])
     rows = [0, 1, 2]
-    buffered = RowLogitsProcessor(adapt_for_rows(processors, num_pad), tokens=tokens, rows=rows)
-    given = RowLogitsProcessor(adapt_for_rows(processors, num_pad), [tokens.own_view(r).clone() for r in rows])
+    buffered = RowLogitsProcessor(adapt_for_rows(processors, ids, num_pad), tokens=tokens, rows=rows)
+    given = RowLogitsProcessor(adapt_for_rows(processors, ids, num_pad), [tokens.own_view(r).clone() for r in rows])
     assert buffered.batched and given.batched
     for k in range(4):
         tail = torch.randint(1, 16, (3, k), generator=g)
@@ -84,7 +85,7 @@ def test_batched_processors_equal_per_row_processing():
 def test_processors_that_read_ids_otherwise_stay_per_row():
     """n-gram blocking reads the order of ids (padding would change it): those rows are processed one by one."""
     ids = torch.tensor([[5, 9, 5, 9, 3], [7, 5, 9, 3, 5]])
-    processor = RowLogitsProcessor(adapt_for_rows(_processors(), [0, 0]), [ids[0], ids[1]])
+    processor = RowLogitsProcessor(adapt_for_rows(_processors(), ids, [0, 0]), [ids[0], ids[1]])
     assert not processor.batched
     penalty_with_cut = RowLogitsProcessor(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, 2)]),
                                           [ids[0], ids[1]])
@@ -96,7 +97,7 @@ def test_min_length_counts_the_padded_length_as_plain_generate_does():
     EOS for exactly as long."""
     padded = torch.tensor([[0, 0, 0, 5, 9, 3, 7]])  # 3 pads + 4 own tokens: padded length 7
     processor = LogitsProcessorList([MinLengthLogitsProcessor(8, eos_token_id=2)])
-    (row,) = adapt_for_rows(processor, [3])
+    (row,) = adapt_for_rows(processor, padded, [3])
     for extra in range(3):  # padded length 7, 8, 9 <-> own length 4, 5, 6
         scores = torch.randn(1, 16)
         ids = torch.cat([padded, torch.full((1, extra), 4)], dim=1)
