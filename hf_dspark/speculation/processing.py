@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import torch
 from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     LogitsProcessor,
@@ -23,6 +25,7 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -80,9 +83,38 @@ class _PaddedRow(LogitsProcessor):
         return self.processor(torch.cat([padding, input_ids], dim=1), scores)
 
 
+def _row_of_prefix_constraint(processor: PrefixConstrainedLogitsProcessor, row: int):
+    # the function is called with the batch index plain generate gives it, not 0 for every row alone
+    allowed = processor._prefix_allowed_tokens_fn
+    processor = copy.copy(processor)
+    processor._prefix_allowed_tokens_fn = lambda _, sent: allowed(row, sent)
+    return processor
+
+
+def _row_of_encoder_no_repeat(processor: EncoderNoRepeatNGramLogitsProcessor, row: int):
+    processor = copy.copy(processor)
+    processor.generated_ngrams, processor.batch_size = [processor.generated_ngrams[row]], 1
+    return processor
+
+
+def _row_of_encoder_repetition_penalty(processor: EncoderRepetitionPenaltyLogitsProcessor, row: int):
+    processor = copy.copy(processor)
+    processor.encoder_input_ids = processor.encoder_input_ids[row:row + 1]
+    return processor
+
+
+# Processors holding one entry per batch row (for a decoder-only target, generate() passes the padded prompts as
+# "encoder" ids) -> the processor of one row, called with that row alone.
+_BATCH_ROW_ADAPTERS = {PrefixConstrainedLogitsProcessor: _row_of_prefix_constraint,
+                       EncoderNoRepeatNGramLogitsProcessor: _row_of_encoder_no_repeat,
+                       EncoderRepetitionPenaltyLogitsProcessor: _row_of_encoder_repetition_penalty}
+
+
 def _for_row(processor, row: int, padding: torch.Tensor):
     if type(processor) in _ROW_ADAPTERS:
         return _ROW_ADAPTERS[type(processor)](processor, padding.shape[0])
+    if type(processor) in _BATCH_ROW_ADAPTERS:
+        processor = _BATCH_ROW_ADAPTERS[type(processor)](processor, row)
     if padding.shape[0] and not isinstance(processor, _IDS_INDEPENDENT):
         return _PaddedRow(processor, padding)
     return processor

@@ -190,3 +190,15 @@ def test_forced_bos_does_not_fire_on_a_padded_one_token_row(target, draft):
     kwargs = {"attention_mask": (ids != 0).long(), "max_new_tokens": 6, "do_sample": False, "forced_bos_token_id": 5}
     assert torch.equal(target.generate(ids, assistant_model=draft, **kwargs), target.generate(ids, **kwargs))
 
+
+@pytest.mark.parametrize("setting", [
+    {"prefix_allowed_tokens_fn": lambda batch_id, sent: list(range(10 + 20 * batch_id, 30 + 20 * batch_id))},
+    {"encoder_no_repeat_ngram_size": 1},  # a decoder-only target's "encoder" ids: the padded prompts
+    {"encoder_repetition_penalty": 0.5},
+], ids=["prefix_allowed_tokens_fn", "encoder_no_repeat_ngram_size", "encoder_repetition_penalty"])
+def test_processors_holding_one_entry_per_row_see_their_row(target, draft, setting):
+    ids, mask = left_padded_batch()
+    kwargs = {"attention_mask": mask, "max_new_tokens": 8, "do_sample": False, **setting}
+    expected = target.generate(ids, **kwargs)
+    got = target.generate(ids, assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0, **kwargs)
+    assert torch.equal(got, expected)
