@@ -27,10 +27,12 @@ from transformers.generation.logits_process import (
     MinPLogitsWarper,
     PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SynthIDTextWatermarkLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
 from .row_tokens import pad_with_last
@@ -120,11 +122,33 @@ def _for_row(processor, row: int, padding: torch.Tensor):
     return processor
 
 
+# Processors that keep state advanced once per call (one call per generated token in plain generate): a speculative
+# round calls them for drafted and verified positions, rejected ones included, so they cannot run here.
+_PER_STEP_STATE = {
+    UnbatchedClassifierFreeGuidanceLogitsProcessor:
+        "guidance_scale (classifier-free guidance) is not supported with a DSpark assistant_model: its processor runs "
+        "the target on the unconditional prompt one token per call, with a cache of its own, which a speculative "
+        "round (several positions per call, rejected drafts) cannot feed. Drop guidance_scale or assistant_model.",
+    SynthIDTextWatermarkLogitsProcessor:
+        "watermarking_config=SynthIDTextWatermarkingConfig(...) is not supported with a DSpark assistant_model: its "
+        "processor keeps state (the n-gram context and its history) advanced once per call, which drafted and "
+        "rejected positions would advance too. WatermarkingConfig (stateless) works; or drop assistant_model.",
+}
+
+
+def _raise_if_per_step_state(processors: LogitsProcessorList) -> None:
+    for processor in processors:
+        if type(processor) in _PER_STEP_STATE:
+            raise ValueError(_PER_STEP_STATE[type(processor)])
+
+
 def adapt_for_rows(processors: LogitsProcessorList | None, input_ids: torch.Tensor,
                    num_pad: Sequence[int]) -> list[LogitsProcessorList]:
     """For each row, the processors generate() prepared for the padded batch ``input_ids`` [B, prompt] (row b has
-    ``num_pad[b]`` pads on the left), rewritten to be called with that row's own ids alone."""
+    ``num_pad[b]`` pads on the left), rewritten to be called with that row's own ids alone. Refuses processors
+    with per-step state (``_PER_STEP_STATE``)."""
     processors = processors or LogitsProcessorList()
+    _raise_if_per_step_state(processors)
     return [LogitsProcessorList(_for_row(p, row, input_ids[row, :pad]) for p in processors)
             for row, pad in enumerate(num_pad)]
 

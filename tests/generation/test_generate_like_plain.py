@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 from conftest import make_tiny_drafter, make_tiny_llama
-from transformers import DynamicCache
+from transformers import DynamicCache, SynthIDTextWatermarkingConfig
 
 from hf_dspark import DSparkDraftModel
 
@@ -202,3 +202,13 @@ def test_processors_holding_one_entry_per_row_see_their_row(target, draft, setti
     expected = target.generate(ids, **kwargs)
     got = target.generate(ids, assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0, **kwargs)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("setting, name", [
+    ({"guidance_scale": 1.5}, "guidance_scale"),
+    ({"watermarking_config": SynthIDTextWatermarkingConfig(keys=[5, 9, 12, 33], ngram_len=3)}, "SynthID"),
+], ids=["guidance_scale", "synthid_watermark"])
+def test_processors_with_per_step_state_are_refused(target, draft, setting, name):
+    """Their state advances once per call: drafted and rejected positions would advance it too (other tokens)."""
+    with pytest.raises(ValueError, match=name):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **setting)
