@@ -106,6 +106,10 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
     """Refuse, before any decoding, what the speculative loop would crash on or silently misread."""
     if kwargs.get("custom_generate") is not None:
         raise ValueError("custom_generate cannot be combined with a DSpark assistant_model.")
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError("inputs_embeds= is not supported with a DSpark assistant_model: the speculative loop prefills "
+                         "the target from token ids, which the drafter and the lookup proposals read too (beside "
+                         "input_ids the embeddings would be ignored). Pass input_ids, or drop assistant_model.")
     num_tokens = kwargs.get("dspark_num_tokens")
     block_size = drafter.config.block_size
     if num_tokens is not None:

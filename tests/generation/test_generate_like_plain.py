@@ -212,3 +212,12 @@ def test_processors_with_per_step_state_are_refused(target, draft, setting, name
     """Their state advances once per call: drafted and rejected positions would advance it too (other tokens)."""
     with pytest.raises(ValueError, match=name):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **setting)
+
+
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_inputs_embeds_are_refused(target, draft, with_ids):
+    """The loop prefills from token ids (the drafter and the lookup read them): embeddings would be ignored."""
+    embeds = target.get_input_embeddings()(PROMPT).detach()
+    ids = {"input_ids": PROMPT} if with_ids else {}
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        target.generate(inputs_embeds=embeds, **ids, max_new_tokens=4, do_sample=False, assistant_model=draft)
