@@ -49,6 +49,16 @@ logger = logging.getLogger(__name__)
 
 _MARKER = "_hf_dspark_original_generate"
 _DSPARK_KWARGS = ("dspark_num_tokens", "dspark_confidence_threshold")
+# Settings of transformers' own assisted generation, which a DSpark assistant replaces -> what to use instead
+# (None: nothing; drop it). Ignored, they would change nothing the user asked for without saying so.
+_ASSISTED_GENERATION_SETTINGS = {
+    "num_assistant_tokens": "dspark_num_tokens (drafts per round)",
+    "assistant_confidence_threshold": "dspark_confidence_threshold",
+    "num_assistant_tokens_schedule": "dspark_policy (by default every round is planned on measured cost)",
+    "prompt_lookup_num_tokens": "dspark_lookup (lookup proposals are on by default)",
+    "max_matching_ngram_size": "dspark_lookup (lookup proposals are on by default)",
+    "assistant_early_exit": None, "assistant_lookbehind": None, "target_lookbehind": None,
+}
 
 
 def is_dspark_drafter(obj) -> bool:
@@ -126,10 +136,23 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
                                   or not math.isfinite(threshold) or threshold < 0):
         raise ValueError(f"dspark_confidence_threshold={threshold!r} must be a finite number >= 0 (0 = always draft "
                          "the whole block; above 1 = never draft).")
+    _raise_if_assisted_generation_settings(args, kwargs)
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     if streamer is not None and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1:
         raise ValueError(f"streamer= supports batch size 1 only (as in transformers); got a batch of "
                          f"{inputs.shape[0]}. Drop streamer= for batched generation.")
+
+
+def _raise_if_assisted_generation_settings(args: tuple, kwargs: dict) -> None:
+    """Settings of transformers' assisted generation given to this call (keyword or ``generation_config=``; the
+    target's own config is not this call's request), which the DSpark loop does not read."""
+    config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
+    for name, instead in _ASSISTED_GENERATION_SETTINGS.items():
+        value = kwargs[name] if name in kwargs else getattr(config, name, None)
+        if value is not None:
+            fix = f"use {instead} instead" if instead else "drop it"
+            raise ValueError(f"{name}={value!r} tunes transformers' own assisted generation, which a DSpark "
+                             f"assistant_model replaces (it would be ignored): {fix}.")
 
 
 def _with_our_tokenizer(target, args: tuple, kwargs: dict) -> dict:

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 from conftest import make_tiny_drafter, make_tiny_llama
-from transformers import DynamicCache, SynthIDTextWatermarkingConfig
+from transformers import DynamicCache, GenerationConfig, SynthIDTextWatermarkingConfig
 
 from hf_dspark import DSparkDraftModel
 
@@ -221,3 +221,19 @@ def test_inputs_embeds_are_refused(target, draft, with_ids):
     ids = {"input_ids": PROMPT} if with_ids else {}
     with pytest.raises(ValueError, match="inputs_embeds"):
         target.generate(inputs_embeds=embeds, **ids, max_new_tokens=4, do_sample=False, assistant_model=draft)
+
+
+@pytest.mark.parametrize("setting, instead", [
+    ({"num_assistant_tokens": 3}, "dspark_num_tokens"),
+    ({"assistant_confidence_threshold": 0.9}, "dspark_confidence_threshold"),
+    ({"num_assistant_tokens_schedule": "constant"}, "dspark_policy"),
+    ({"prompt_lookup_num_tokens": 3}, "dspark_lookup"),
+    ({"assistant_lookbehind": 5}, "drop it"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+@pytest.mark.parametrize("where", ["keyword", "generation_config"])
+def test_settings_of_transformers_assisted_generation_are_refused(target, draft, setting, instead, where):
+    """A DSpark assistant replaces transformers' assisted generation: its settings would be ignored silently."""
+    (name,) = setting
+    passed = setting if where == "keyword" else {"generation_config": GenerationConfig(**setting)}
+    with pytest.raises(ValueError, match=f"{name}=.*{instead}"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
