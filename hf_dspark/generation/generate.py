@@ -66,6 +66,17 @@ def _raise_if_unsupported(model, generation_config, cache, prompt_length: int) -
     raise_if_unsupported_target(model)
 
 
+def _raise_if_right_padded(attention_mask: torch.Tensor | None) -> None:
+    """The ragged batch takes every row to be left-padded (its prompt ends at the last position): a row whose prompt
+    ends in masked positions was continued with other tokens than plain generate's (which only warns there)."""
+    if attention_mask is None or bool(attention_mask[:, -1].all()):
+        return
+    rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+    raise ValueError(f"attention_mask pads row(s) {rows} on the right (the prompt's last position is masked): with a "
+                     "DSpark assistant_model prompts must be left-padded (tokenizer.padding_side = 'left', as "
+                     "transformers advises for decoder-only models; plain generate only warns).")
+
+
 class StopRules:
     """transformers' stopping criteria for one ragged batch: the max length and EOS ids are checked on the host
     from the committed tokens (no per-token tensor); any other criterion (stop strings, max time, yours) is
@@ -169,6 +180,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     _raise_if_unsupported(model, generation_config, cache, input_ids.shape[1])
+    _raise_if_right_padded(model_kwargs.get("attention_mask"))
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     _raise_if_bad_salt(dspark_cache_salt, dspark_isolate)

@@ -237,3 +237,11 @@ def test_settings_of_transformers_assisted_generation_are_refused(target, draft,
     passed = setting if where == "keyword" else {"generation_config": GenerationConfig(**setting)}
     with pytest.raises(ValueError, match=f"{name}=.*{instead}"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
+
+
+def test_a_right_padded_prompt_is_refused(target, draft):
+    """Plain generate only warns about right padding; the loop would attend to the pads (other tokens)."""
+    ids = torch.tensor([[1, 5, 9, 22, 7], [1, 7, 3, 0, 0]])
+    with pytest.raises(ValueError, match=r"attention_mask pads row\(s\) \[1\] on the right.*padding_side"):
+        target.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=4, do_sample=False,
+                        assistant_model=draft)
