@@ -206,7 +206,8 @@ def _warn_if_outputs_are_dropped(target, args: tuple, kwargs: dict) -> None:
                       "(verification runs several tokens per forward and discards rejected drafts): those output "
                       "fields stay None. Generate without assistant_model to get them.", UserWarning, stacklevel=3)
     passed_cache = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
-    if passed_cache or (as_dict and kwargs.get("use_cache") is True):
+    # plain generate returns its cache in a dict output unless use_cache is off (the default is on)
+    if passed_cache or (as_dict and _setting("use_cache", target, args, kwargs) is not False):
         warnings.warn("The target cache is not handed back with a DSpark assistant_model: it holds masked slots of "
                       "rejected drafts, so the output has no cache and a cache you passed in must not be reused for "
                       "a later call.", UserWarning, stacklevel=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 
 import pytest
 import torch
@@ -115,7 +116,8 @@ def test_zero_num_tokens_means_plain_decoding(target, draft, expected, monkeypat
 
 
 def test_requested_outputs_that_are_not_produced_warn(target, draft):
-    with pytest.warns(UserWarning, match="output_hidden_states and output_attentions requested, but a DSpark"):
+    with (pytest.warns(UserWarning, match="output_hidden_states and output_attentions requested, but a DSpark"),
+          pytest.warns(UserWarning, match="target cache is not handed back")):
         out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, return_dict_in_generate=True,
                               output_hidden_states=True, output_attentions=True)
     assert out.hidden_states is None and out.attentions is None
@@ -124,6 +126,24 @@ def test_requested_outputs_that_are_not_produced_warn(target, draft):
     with pytest.warns(UserWarning, match="target cache is not handed back"):
         target.generate(PROMPT, assistant_model=draft, max_new_tokens=4,
                         cache=DynamicCache(config=target.config))
+
+
+@pytest.mark.parametrize("use_cache", [None, True])
+def test_a_dict_output_without_the_cache_plain_generate_returns_warns(target, draft, use_cache):
+    """Plain generate's dict output carries past_key_values by default: its absence must not go unsaid."""
+    setting = {} if use_cache is None else {"use_cache": use_cache}
+    assert target.generate(PROMPT, max_new_tokens=4, return_dict_in_generate=True, **setting).past_key_values is not None
+    with pytest.warns(UserWarning, match="target cache is not handed back"):
+        out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, return_dict_in_generate=True,
+                              **setting)
+    assert out.past_key_values is None
+
+
+def test_a_dict_output_with_use_cache_off_does_not_warn_about_the_cache(target, draft):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*target cache is not handed back")
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, return_dict_in_generate=True,
+                        use_cache=False)
 
 
 def _consume(streamer) -> list[str]:
