@@ -191,3 +191,30 @@ def test_nucleus_draw_under_greedy_generate_samples_what_do_sample_would():
                           logits_processor=LogitsProcessorList([Recording(1.0, top_p=0.95)]))
     assert torch.equal(out[:, prompt.shape[1]:], torch.stack(drawn, dim=1))
     assert len({tuple(r) for r in out[:, prompt.shape[1]:].tolist()}) == 2  # it samples: rows differ
+
+
+class _BanEvenTokensAtEvenLengths:
+    """A constraint (as grammar-constrained decoding applies one) that, at every other position, allows only odd
+    tokens: there a drafter whose vocabulary is the even tokens has no allowed token at all."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        banned = (input_ids.shape[1] % 2 == 0) & (torch.arange(scores.shape[-1]) % 2 == 0)
+        return scores.masked_fill(banned, float("-inf"))
+
+
+def test_a_constraint_leaving_the_drafter_no_token_still_samples_the_target_distribution(setup):
+    """Processors can leave a draft slot no finite logit (the allowed tokens all lie outside the draft vocabulary):
+    plain generate samples fine there, so the drafter must too (it used to raise in sample_rows)."""
+    from transformers import LogitsProcessorList
+
+    target, _, prompt = setup
+    torch.manual_seed(12)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8,
+                                         draft_vocab=list(range(0, VOCAB, 2))).eval()
+    constraint = {"logits_processor": LogitsProcessorList([_BanEvenTokensAtEvenLengths()])}
+    plain = sample_tokens(target, prompt, seed=0, **constraint)
+    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft, **FULL_BLOCK, **constraint)
+    assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
+    constrained = ours[:, ::2]  # the constraint holds where the drafter had nothing to propose (0: after EOS)
+    assert ((constrained % 2 == 1) | (constrained == 0)).all()
+    assert min(per_position_pvalues(plain, ours)) > 1e-3

@@ -61,6 +61,7 @@ def draw_draft_token(logits: torch.Tensor, tokens: torch.Tensor, k: int, logits_
                      generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Process slot k's logits [B, V] as the target's will be (input ids = prefix + drafts < k), then write the
     sampled (or greedy) draft into ``tokens[:, k]``. Returns (processed logits, q or None when greedy)."""
+    raw = logits
     if logits_processor is not None:
         ids = tokens[:, :k] if prefix_ids is None else torch.cat([prefix_ids, tokens[:, :k]], dim=-1)
         logits = logits_processor(ids, logits)
@@ -68,6 +69,15 @@ def draw_draft_token(logits: torch.Tensor, tokens: torch.Tensor, k: int, logits_
         tokens[:, k] = logits.argmax(dim=-1)
         return logits, None
     probs = torch.softmax(logits, dim=-1)
+    if logits_processor is not None and not getattr(logits_processor, "is_identity", False):
+        # The processors can leave a row no finite logit (a constraint allowing only tokens outside the draft
+        # vocabulary or the sequential top-k support): softmax gives NaN there. Such a row proposes one token
+        # one-hot (q = δ, exact as a lookup draft is; the target rejects it unless it allows it): the unprocessed
+        # argmax. A CPU reads the flag for free; an accelerator takes the branch-free path (no sync).
+        dead = torch.isneginf(logits).all(dim=-1, keepdim=True)
+        if logits.device.type != "cpu" or bool(dead.any()):
+            fallback = raw.argmax(dim=-1, keepdim=True)
+            probs = torch.where(dead, 0.0, probs).scatter_add_(-1, fallback, dead.to(probs.dtype))
     tokens[:, k] = sample_rows(probs, generator)
     return logits, probs
 
