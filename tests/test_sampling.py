@@ -218,3 +218,29 @@ def test_a_constraint_leaving_the_drafter_no_token_still_samples_the_target_dist
     constrained = ours[:, ::2]  # the constraint holds where the drafter had nothing to propose (0: after EOS)
     assert ((constrained % 2 == 1) | (constrained == 0)).all()
     assert min(per_position_pvalues(plain, ours)) > 1e-3
+
+
+def test_a_callers_repetition_penalty_ignoring_prompt_positions_counts_them_in_the_padded_batch(setup):
+    """``RepetitionPenaltyLogitsProcessor(prompt_ignore_length=n)`` passed by the caller skips the first n positions
+    of the padded batch plain generate shows it: in a left-padded row those include its padding, so fewer of its
+    own tokens are skipped (they were skipped as if the row had no padding)."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    target, draft, _ = setup
+    prompts = torch.tensor([[5, 9, 3, 12, 7, 4], [0, 0, 11, 6, 13, 6]])  # row 1: four own tokens after two pads
+    mask = (prompts != 0).long()
+
+    def sample_pairs(seed: int, **kwargs) -> torch.Tensor:
+        torch.manual_seed(seed)
+        penalty = RepetitionPenaltyLogitsProcessor(3.0, prompt_ignore_length=4)  # row 1: penalise 13 and 6
+        out = [target.generate(prompts.repeat(ROWS // 2, 1), attention_mask=mask.repeat(ROWS // 2, 1),
+                               do_sample=True, max_new_tokens=NUM_NEW, pad_token_id=0,
+                               logits_processor=LogitsProcessorList([penalty]), **kwargs)[1::2, prompts.shape[1]:]
+               for _ in range(CALLS)]
+        return torch.nn.functional.pad(torch.cat(out), (0, NUM_NEW - out[0].shape[1]), value=0)
+
+    plain = sample_pairs(0)
+    ours = sample_pairs(1, assistant_model=draft, **FULL_BLOCK)
+    assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
+    assert min(per_position_pvalues(plain, ours)) > 1e-3

@@ -41,22 +41,27 @@ _IDS_INDEPENDENT = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
                     TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
 
 
-def _unpadded_repetition_penalty(processor: RepetitionPenaltyLogitsProcessor, num_pad: int):
-    # generate() gives it the batch's left-padding lengths so padding is not penalised; our rows are unpadded
-    if isinstance(processor.prompt_ignore_length, torch.Tensor):
-        processor = copy.copy(processor)
-        processor.prompt_ignore_length = None
+def _unpadded_repetition_penalty(processor: RepetitionPenaltyLogitsProcessor, row: int, num_pad: int):
+    # prompt_ignore_length counts leading positions of the padded batch: one count for every row (a caller's int) or
+    # one per row (generate() passes each row's padding length, so padding is not penalised). An unpadded row's own
+    # tokens start num_pad positions later, so it skips that many fewer (None: it skips none).
+    ignore = processor.prompt_ignore_length
+    if ignore is None or (isinstance(ignore, int) and not num_pad):
+        return processor
+    ignore = int(ignore[row]) if isinstance(ignore, torch.Tensor) else ignore
+    processor = copy.copy(processor)
+    processor.prompt_ignore_length = max(ignore - num_pad, 0) or None
     return processor
 
 
-def _unpadded_min_new_tokens(processor: MinNewTokensLengthLogitsProcessor, num_pad: int):
+def _unpadded_min_new_tokens(processor: MinNewTokensLengthLogitsProcessor, row: int, num_pad: int):
     # generate() counts new tokens from the padded prompt length; an unpadded row's prompt is num_pad shorter
     processor = copy.copy(processor)
     processor.prompt_length_to_skip = processor.prompt_length_to_skip - num_pad
     return processor
 
 
-def _unpadded_min_length(processor: MinLengthLogitsProcessor, num_pad: int):
+def _unpadded_min_length(processor: MinLengthLogitsProcessor, row: int, num_pad: int):
     # generate() compares min_length with the padded length; an unpadded row is num_pad shorter
     processor = copy.copy(processor)
     processor.min_length = max(processor.min_length - num_pad, 0)
@@ -114,7 +119,7 @@ _BATCH_ROW_ADAPTERS = {PrefixConstrainedLogitsProcessor: _row_of_prefix_constrai
 
 def _for_row(processor, row: int, padding: torch.Tensor):
     if type(processor) in _ROW_ADAPTERS:
-        return _ROW_ADAPTERS[type(processor)](processor, padding.shape[0])
+        return _ROW_ADAPTERS[type(processor)](processor, row, padding.shape[0])
     if type(processor) in _BATCH_ROW_ADAPTERS:
         processor = _BATCH_ROW_ADAPTERS[type(processor)](processor, row)
     if padding.shape[0] and not isinstance(processor, _IDS_INDEPENDENT):
