@@ -30,11 +30,11 @@ def setup():
 FULL_BLOCK = {"dspark_confidence_threshold": 0.0}
 
 
-def sample_tokens(target, prompt, seed, **kwargs) -> torch.Tensor:
+def sample_tokens(target, prompt, seed, calls: int = CALLS, **kwargs) -> torch.Tensor:
     torch.manual_seed(seed)
     batches = [target.generate(prompt.expand(ROWS, -1), do_sample=True, temperature=0.9, top_k=10,
                                max_new_tokens=NUM_NEW, pad_token_id=0, **kwargs)[:, prompt.shape[1]:]
-               for _ in range(CALLS)]
+               for _ in range(calls)]
     out = torch.cat(batches)
     return torch.nn.functional.pad(out, (0, NUM_NEW - out.shape[1]), value=0)
 
@@ -212,8 +212,9 @@ def test_a_constraint_leaving_the_drafter_no_token_still_samples_the_target_dist
     draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8,
                                          draft_vocab=list(range(0, VOCAB, 2))).eval()
     constraint = {"logits_processor": LogitsProcessorList([_BanEvenTokensAtEvenLengths()])}
-    plain = sample_tokens(target, prompt, seed=0, **constraint)
-    ours = sample_tokens(target, prompt, seed=1, assistant_model=draft, **FULL_BLOCK, **constraint)
+    # half the usual draws: a processor that reads the ids runs once per row, and without the fix this raises anyway
+    plain = sample_tokens(target, prompt, seed=0, calls=CALLS // 2, **constraint)
+    ours = sample_tokens(target, prompt, seed=1, calls=CALLS // 2, assistant_model=draft, **FULL_BLOCK, **constraint)
     assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
     constrained = ours[:, ::2]  # the constraint holds where the drafter had nothing to propose (0: after EOS)
     assert ((constrained % 2 == 1) | (constrained == 0)).all()
@@ -228,19 +229,21 @@ def test_a_callers_repetition_penalty_ignoring_prompt_positions_counts_them_in_t
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     target, draft, _ = setup
-    prompts = torch.tensor([[5, 9, 3, 12, 7, 4], [0, 0, 11, 6, 13, 6]])  # row 1: four own tokens after two pads
+    # one unpadded row, then rows with four own tokens after two pads (the rows compared)
+    prompts = torch.tensor([[5, 9, 3, 12, 7, 4]] + [[0, 0, 11, 6, 13, 6]] * 3)
     mask = (prompts != 0).long()
 
-    def sample_pairs(seed: int, **kwargs) -> torch.Tensor:
+    def sample_padded_rows(seed: int, **kwargs) -> torch.Tensor:
         torch.manual_seed(seed)
-        penalty = RepetitionPenaltyLogitsProcessor(3.0, prompt_ignore_length=4)  # row 1: penalise 13 and 6
-        out = [target.generate(prompts.repeat(ROWS // 2, 1), attention_mask=mask.repeat(ROWS // 2, 1),
+        penalty = RepetitionPenaltyLogitsProcessor(3.0, prompt_ignore_length=4)  # padded rows: penalise 13 and 6
+        out = [target.generate(prompts.repeat(ROWS // 4, 1), attention_mask=mask.repeat(ROWS // 4, 1),
                                do_sample=True, max_new_tokens=NUM_NEW, pad_token_id=0,
-                               logits_processor=LogitsProcessorList([penalty]), **kwargs)[1::2, prompts.shape[1]:]
-               for _ in range(CALLS)]
-        return torch.nn.functional.pad(torch.cat(out), (0, NUM_NEW - out[0].shape[1]), value=0)
+                               logits_processor=LogitsProcessorList([penalty]), **kwargs)[:, prompts.shape[1]:]
+               for _ in range(CALLS // 2)]
+        out = torch.nn.functional.pad(torch.cat(out), (0, NUM_NEW - out[0].shape[1]), value=0)
+        return out[torch.arange(out.shape[0]) % 4 != 0]
 
-    plain = sample_pairs(0)
-    ours = sample_pairs(1, assistant_model=draft, **FULL_BLOCK)
+    plain = sample_padded_rows(0)
+    ours = sample_padded_rows(1, assistant_model=draft, **FULL_BLOCK)
     assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
     assert min(per_position_pvalues(plain, ours)) > 1e-3
