@@ -36,6 +36,7 @@ import functools
 import logging
 import math
 import numbers
+import types
 import warnings
 
 import torch
@@ -70,10 +71,13 @@ def enable(target) -> None:
     """Install the generate wrapper on this target instance (idempotent)."""
     if _MARKER in target.__dict__:
         return
-    original = target.generate
 
-    @functools.wraps(original)
-    def generate(*args, assistant_model=None, streamer=None, generator=None, dspark_recorder=None, **kwargs):
+    # A method bound to the target, reading the original from the target's own __dict__, never a closure over
+    # either: copy.deepcopy(target) rebinds both to the copy, where a closure kept generating with the weights of
+    # the target it was copied from (plain calls too).
+    @functools.wraps(type(target).generate)
+    def generate(self, *args, assistant_model=None, streamer=None, generator=None, dspark_recorder=None, **kwargs):
+        original = self.__dict__[_MARKER]
         if not is_dspark_drafter(assistant_model):
             if dspark_recorder is not None:
                 raise ValueError("dspark_recorder= records speculative rounds; it needs a DSpark assistant_model.")
@@ -81,13 +85,13 @@ def enable(target) -> None:
             return original(*args, assistant_model=assistant_model, streamer=streamer, **extra, **kwargs)
         try:
             _raise_if_invalid_generate_kwargs(assistant_model, args, kwargs, streamer, generator)
-            _bind_on_first_use(assistant_model, target)
-            _warn_if_outputs_are_dropped(target, args, kwargs)
+            _bind_on_first_use(assistant_model, self)
+            _warn_if_outputs_are_dropped(self, args, kwargs)
             if kwargs.get("dspark_num_tokens") == 0:  # no drafting: plain decoding, documented above
                 assistant_model.stats = DSparkStats.new(assistant_model.config.block_size)
                 plain = {k: v for k, v in kwargs.items() if k not in _DSPARK_KWARGS}
                 return original(*args, streamer=streamer, **plain)
-            kwargs = _with_our_tokenizer(target, args, kwargs)
+            kwargs = _with_our_tokenizer(self, args, kwargs)
             # Streamer and generator travel under our own names: transformers drops a custom_generate callable's
             # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
             return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
@@ -99,8 +103,8 @@ def enable(target) -> None:
             _end_stream(streamer)
             raise
 
-    target.__dict__[_MARKER] = original
-    target.generate = generate
+    target.__dict__[_MARKER] = target.generate
+    target.generate = types.MethodType(generate, target)
 
 
 def disable(target) -> None:

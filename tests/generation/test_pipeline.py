@@ -88,3 +88,30 @@ def test_a_pipeline_conversation_reuses_its_prefix_without_any_keyword(setup):
         previous_prompt_tokens = len(tok(conversation)["input_ids"])
         conversation = got + " w9 w10 w11"
     forget(target)
+
+
+def test_a_deep_copy_of_a_bound_target_generates_with_its_own_weights(setup):
+    """``copy.deepcopy(target)`` after binding (a fine-tuned variant with the same embedding, two pipelines): the
+    copy's ``generate``, plain or with the drafter, runs the copy, not the target it was copied from."""
+    import copy
+
+    from hf_dspark.speculation.shared_state import forget
+
+    _, _, tok = setup
+    target = make_tiny_llama(seed=0)
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=5, markov_rank=16).eval()
+    clone = copy.deepcopy(target)
+    with torch.no_grad():
+        for layer in clone.model.layers:  # other weights, the same embedding and LM head: the drafter still fits
+            layer.mlp.down_proj.weight.mul_(-1)
+    prompt = PROMPTS[1]
+    ids = tok(prompt, return_tensors="pt")
+    expected = type(clone).generate(clone, **ids, max_new_tokens=12, do_sample=False)  # no wrapper involved
+    assert not torch.equal(expected, target.generate(**ids, max_new_tokens=12, do_sample=False))
+    assert torch.equal(clone.generate(**ids, max_new_tokens=12, do_sample=False), expected)
+    got = pipeline("text-generation", model=clone, tokenizer=tok, assistant_model=draft)(
+        prompt, max_new_tokens=12, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    assert got == expected[0].tolist()
+    assert draft.stats.rounds > 0 and draft.target is clone
+    forget(target), forget(clone)
