@@ -216,6 +216,12 @@ class DSparkDraftModel(PreTrainedModel):
         """
         raise_if_target_mismatch(self.config, target)
         warn_if_logits_depend_on_chunking(target)
+        # transformers' pipeline compares these with the target's to decide whether the assistant shares its
+        # tokenizer (it always does): ids saved from the training target's config refused a drafter bound to the
+        # same weights under another config ("pass the assistant tokenizer").
+        text_config = target.config.get_text_config()
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(self.config, key, getattr(text_config, key, None))
         dtype, device = target_compute_dtype(target), target.get_input_embeddings().weight.device
         current = {(p.dtype, p.device) for p in self.parameters() if p.is_floating_point()}
         cast = ""

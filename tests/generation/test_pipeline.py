@@ -115,3 +115,19 @@ def test_a_deep_copy_of_a_bound_target_generates_with_its_own_weights(setup):
     assert got == expected[0].tolist()
     assert draft.stats.rounds > 0 and draft.target is clone
     forget(target), forget(clone)
+
+
+def test_a_pipeline_takes_a_drafter_loaded_for_a_target_with_other_special_token_ids(setup, tmp_path):
+    """A drafter saved with its training target's config, loaded for the same weights under a config with other
+    special ids (another revision; pad_token_id set by the user): transformers' pipeline compares the assistant's
+    ids with the target's and refused it ("pass the assistant tokenizer"). Bound, a drafter carries its target's."""
+    _, draft, tok = setup
+    draft.save_pretrained(tmp_path)
+    other = make_tiny_llama(seed=0)
+    other.config.eos_token_id, other.config.pad_token_id = [2, 7], None
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, target=other).eval()
+    expected = pipeline("text-generation", model=other, tokenizer=tok)(PROMPTS[0], max_new_tokens=10, do_sample=False)
+    got = pipeline("text-generation", model=other, tokenizer=tok, assistant_model=loaded)(
+        PROMPTS[0], max_new_tokens=10, do_sample=False)
+    assert got == expected
+    assert loaded.stats.rounds > 0
