@@ -1,11 +1,11 @@
 """Apply transformers' logits processors to ragged rows exactly as plain ``generate`` would, for p and for q.
 
 In a speculative batch every row has its own length, while a ``LogitsProcessorList`` expects one rectangular
-``input_ids``. Processors that ignore the ids (temperature, top-k, top-p, min-p, typical, ε/η) run batched, and
-so do the common ones rewritten for a row without its padding (a repetition penalty reads the set of ids; min-length
-and min-new-tokens only each row's length); any other processor (no-repeat-n-gram, forced or suppressed tokens at a
-length, ``prefix_allowed_tokens_fn``, custom ones, ...) runs per row on the row as plain batched ``generate`` shows
-it, left padding included, so it computes what plain generate computes for that row.
+``input_ids``. Processors that ignore the ids (temperature, top-k/p/h, min-p, typical, ε/η, renormalisation, inf/nan
+removal) run batched, and so do the common ones rewritten for a row without its padding (a repetition penalty reads
+the set of ids; min-length and min-new-tokens only each row's length); any other processor (no-repeat-n-gram, forced
+or suppressed tokens at a length, ``prefix_allowed_tokens_fn``, custom ones, ...) runs per row on the row as plain
+batched ``generate`` shows it, left padding included, so it computes what plain generate computes for that row.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from transformers.generation.logits_process import (
     EncoderRepetitionPenaltyLogitsProcessor,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
     LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
@@ -29,6 +31,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     SynthIDTextWatermarkLogitsProcessor,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
@@ -38,7 +41,8 @@ from transformers.generation.logits_process import (
 from .row_tokens import pad_with_last
 
 _IDS_INDEPENDENT = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
-                    TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
+                    TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper, TopHLogitsWarper, LogitNormalization,
+                    InfNanRemoveLogitsProcessor)
 
 
 def _unpadded_repetition_penalty(processor: RepetitionPenaltyLogitsProcessor, row: int, num_pad: int):

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import torch
 from transformers.generation.logits_process import (
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
 )
 
 from hf_dspark.speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_processors
@@ -56,7 +59,8 @@ def _per_row(processor: RowLogitsProcessor, tail: torch.Tensor, logits: torch.Te
 
 
 def test_batched_processors_equal_per_row_processing():
-    """A repetition penalty and min-new-tokens (with temperature around them) run as one batched call on ragged,
+    """A repetition penalty and min-new-tokens (with warpers that ignore the ids around them: renormalize_logits,
+    top-h, inf/nan removal) run as one batched call on ragged,
     left-padded rows, with buffered and with given prefixes: bit-identical to each row processed alone, for every
     tail length and for rows on both sides of the min-new-tokens boundary."""
     g = torch.Generator().manual_seed(0)
@@ -64,10 +68,12 @@ def test_batched_processors_equal_per_row_processing():
     mask = (ids != 0).long()
     mask[2, 0] = 0
     num_pad = (mask.cumsum(-1) == 0).sum(-1).tolist()
-    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), MinLengthLogitsProcessor(9, eos_token_id=4),
+    processors = LogitsProcessorList([InfNanRemoveLogitsProcessor(), TemperatureLogitsWarper(0.7),
+                                      MinLengthLogitsProcessor(9, eos_token_id=4),
                                       MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=6, min_new_tokens=3,
                                                                         eos_token_id=[2, 13]),
-                                      RepetitionPenaltyLogitsProcessor(1.7)])
+                                      RepetitionPenaltyLogitsProcessor(1.7), TopHLogitsWarper(0.6),
+                                      LogitNormalization()])
     tokens = RowTokens(ids, mask, capacity=32, mirror=True)
     tokens.append(0, [9, 2])
     tokens.append(2, [12])
