@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -25,6 +26,8 @@ from transformers.generation.logits_process import (
 )
 
 _REQUEST_IDS = itertools.count()
+# what torch.Generator.manual_seed accepts (a seed outside it raised inside the engine, after validation)
+_SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 class RequestRejectedError(ValueError):
@@ -153,6 +156,15 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise RequestRejectedError(f"{name} must be a real number, got {value!r}")
+        for name in ("do_sample", "isolate"):
+            # a truthy string ("no") or None would pass for a mode and fail inside a shared step or isolate silently
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise RequestRejectedError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, name, bool(value))
+        if self.seed is not None and not _SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1]:
+            raise RequestRejectedError(f"seed must be in [{_SEED_RANGE[0]}, {_SEED_RANGE[1]}] (torch.Generator's "
+                                       f"range), got {self.seed}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature > 0:

@@ -8,6 +8,7 @@ import ast
 import functools
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_tiny_drafter, make_tiny_llama
@@ -57,12 +58,26 @@ def test_malformed_prompts_are_refused_at_submit(target, draft, prompt, message)
     ({"seed": "7"}, "seed must be an int"),
     ({"temperature": 0.0, "do_sample": True}, "temperature must be > 0"),
     ({"eos_token_id": [2, 2.5]}, "eos_token_id must be an int"),
+    ({"do_sample": "yes"}, "do_sample must be a bool"),  # failed inside the engine step
+    ({"do_sample": None}, "do_sample must be a bool"),
+    ({"isolate": "no"}, "isolate must be a bool"),  # a truthy string isolated the request
+    ({"seed": 2**64, "do_sample": True}, r"seed must be in \["),  # torch's overflow ValueError, after validation
+    ({"seed": -(2**63) - 1, "do_sample": True}, r"seed must be in \["),
 ])
 def test_bad_limits_are_refused_at_submit(target, draft, kwargs, message):
     engine = DSparkEngine(target, draft, "fixed", sps=SPS)
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(RequestRejectedError, match=message):
         engine.submit([5, 9, 7], **kwargs)
+
+
+def test_seeds_at_the_ends_of_torchs_range_and_numpy_bools_are_served(target, draft):
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    for seed in (2**64 - 1, -(2**63)):
+        assert len(engine.submit([5, 9, 7], 3, do_sample=True, seed=seed, eos_token_id=[]).result().token_ids) == 3
+    handle = engine.submit([5, 9, 7], 4, do_sample=np.False_, isolate=np.True_)
+    assert handle._request.params.do_sample is False and handle._request.params.isolate is True
+    assert handle.result().token_ids == greedy(target, [5, 9, 7], 4)
 
 
 def test_a_one_row_tensor_is_one_prompt(target, draft):
