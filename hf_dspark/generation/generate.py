@@ -37,7 +37,7 @@ from ..speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_p
 from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end
 from ..speculation.round import SpeculativeRound, prefill
 from ..speculation.row_tokens import RowTokens
-from ..speculation.shared_state import DEFAULT_SALT, LONG_MATCH_TOKENS, ScopeState, shared_state_for
+from ..speculation.shared_state import LONG_MATCH_TOKENS, ScopeState, salt_scope, shared_state_for
 from ..speculation.verification import verify
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: 
         policy = _threshold_policy(drafter, num_tokens, threshold)
     shared = shared_state_for(model)
     state = scope if scope is not None else ScopeState()
-    key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt or DEFAULT_SALT)
+    key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt_scope(salt))
     builder = RoundBuilder(model, drafter, policy if policy is not None else state.policy_for(drafter, lookup),
                            lookup=lookup, history=shared.history, history_key=key, calibrator=state.calibrator,
                            keep_idle_drafter=True, sequential_top_k=sequential_top_k, verify_fn=verify)

@@ -44,6 +44,7 @@ from ..scheduling.cost_tables import SPSProfile, StepCostProfile
 from ..speculation.builder import RoundBuilder, holds_croppable_context
 from ..speculation.lookup import LookupHistory, LookupHistoryKey
 from ..speculation.prefix_cache import PREFIX_CACHE_BYTES
+from ..speculation.shared_state import salt_scope
 from .admission import Admission
 from .batch import JoiningRows, RunningBatch
 from .fault_isolation import DecodeQuarantine
@@ -369,9 +370,8 @@ class DSparkEngine:
         joining = self._admission.prefill(tap)
         if self._lookup is not None:
             for request in (r for group in joining for r in group.requests if not r.lookup_row):
-                salt = request.params.cache_salt
                 key = (None if request.params.isolate else
-                       LookupHistoryKey.for_model(self.target, self.tokenizer, salt or ""))
+                       LookupHistoryKey.for_model(self.target, self.tokenizer, salt_scope(request.params.cache_salt)))
                 self._lookup.start_row(request.request_id, request.prompt_ids + request.tokens, history_key=key)
                 request.lookup_row = True
         return joining

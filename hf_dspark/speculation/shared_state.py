@@ -42,6 +42,13 @@ MAX_SCOPES = 64
 DEFAULT_SALT = ""
 
 
+def salt_scope(salt: str | None) -> str:
+    """The scope name a salt's lookup history, scheduler and prefix caches are kept under: the default scope for
+    None, a name no other salt maps to otherwise. Why not the salt itself: ``""`` would then be the default scope,
+    and a user given an empty salt would share everything with the calls that give none."""
+    return DEFAULT_SALT if salt is None else f"salt:{salt}"
+
+
 @dataclass
 class ScopeState:
     """What the calls of one salt share besides their caches: the scheduler's learned acceptance and step-time
@@ -73,7 +80,7 @@ class SharedState:
 
     def scope(self, salt: str | None) -> ScopeState:
         """The shared state of ``salt``'s calls (None: the default scope)."""
-        salt = DEFAULT_SALT if salt is None else salt
+        salt = salt_scope(salt)
         with self.lock:
             state = self.scopes.pop(salt, None) or ScopeState()
             self.scopes[salt] = state
@@ -83,7 +90,7 @@ class SharedState:
 
     def prefix_key(self, salt: str | None, drafter) -> tuple[str, int]:
         """Prefix-cache entries belong to a salt and to the drafter whose context they hold."""
-        return DEFAULT_SALT if salt is None else salt, _instance_number(drafter)
+        return salt_scope(salt), _instance_number(drafter)
 
     def cost_for(self, target, drafter, rows: int, width: int, cache_dir=None):
         """The measured step cost for up to ``rows`` rows × ``width`` tokens (profiled once per process and
@@ -152,5 +159,5 @@ def _instance_number(obj) -> int:
         return number
 
 
-__all__ = ["DEFAULT_SALT", "HISTORY_TOKENS", "LONG_MATCH_TOKENS", "MAX_SCOPES", "ScopeState", "SharedState",
-           "forget", "shared_state_for"]
+__all__ = ["DEFAULT_SALT", "HISTORY_TOKENS", "LONG_MATCH_TOKENS", "MAX_SCOPES", "ScopeState", "SharedState", "forget",
+           "salt_scope", "shared_state_for"]

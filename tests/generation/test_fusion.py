@@ -11,7 +11,7 @@ from scipy.stats import chi2_contingency
 import hf_dspark.speculation.round as round_module
 from hf_dspark import DSparkEngine
 from hf_dspark.speculation.lookup import LookupProposal, LookupProposer
-from hf_dspark.speculation.shared_state import forget, shared_state_for
+from hf_dspark.speculation.shared_state import forget, salt_scope, shared_state_for
 from hf_dspark.scheduling import ScheduledPolicy, StepCostProfile, make_policy
 
 VOCAB = 16
@@ -167,8 +167,10 @@ def test_history_is_shared_only_within_a_salt(target, draft):
     plain(target, PROMPT, dspark_cache_salt="alice", **kwargs)
     plain(target, PROMPT, dspark_cache_salt="bob", **kwargs)
     plain(target, PROMPT, **kwargs)
+    plain(target, PROMPT, dspark_cache_salt="", **kwargs)  # an empty salt is not the default scope
     history = shared_state_for(target).history
-    assert sorted(key.scope for key in history.keys()) == ["", "alice", "bob"]  # "": the default scope
+    assert sorted(key.scope for key in history.keys()) == sorted(salt_scope(s) for s in (None, "", "alice", "bob"))
+    assert len(history.keys()) == 4 and salt_scope(None) == ""  # "": the default scope
     forget(target)
     assert not shared_state_for(target).history.keys()
 
@@ -264,7 +266,7 @@ def test_engine_lookup_history_is_shared_by_default_and_separated_by_salt(target
     assert engine._lookup.history.num_tokens == 0
     engine.generate([PROMPT[0].tolist()], 8, eos_token_id=[])  # no salt: the default scope
     engine.submit(PROMPT[0].tolist(), 8, cache_salt="user-1", eos_token_id=[]).result()
-    assert sorted(key.scope for key in engine._lookup.history.keys()) == ["", "user-1"]
+    assert sorted(key.scope for key in engine._lookup.history.keys()) == ["", salt_scope("user-1")]
 
 
 def test_salts_keep_their_own_schedulers(target, draft):

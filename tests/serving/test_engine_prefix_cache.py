@@ -93,6 +93,30 @@ def test_scopes_never_share_and_a_diverging_prompt_reuses_only_the_common_part(t
     assert out.token_ids == plain(target, edited, 8)
 
 
+@pytest.mark.parametrize("first, second", [(None, ""), ("", None)])
+def test_an_empty_salt_is_not_the_default_scope(target, first, second):
+    """``cache_salt=""`` is a salt like any other: it shares neither the prefix caches nor the lookup history of
+    requests without one (both were kept under ""). The second request repeats the first's prompt and reply, so it
+    would reuse the first's caches and copy the rest of its reply from the history if they were shared."""
+    engine = DSparkEngine(target, None, "scheduled", sps=flat_cost())
+    prompt = list(range(3, 43))
+    reply = engine.submit(prompt, 24, cache_salt=first).result().token_ids
+    sources, propose = [], engine._lookup.propose
+
+    def recording(row_ids, max_tokens=None):
+        proposals = propose(row_ids, max_tokens=max_tokens)
+        sources.extend(p.source for p in proposals if len(p))
+        return proposals
+
+    engine._lookup.propose = recording
+    out = engine.submit(prompt + reply[:8], 16, cache_salt=second).result()
+    assert out.token_ids == plain(target, prompt + reply[:8], 16) == reply[8:]
+    assert engine.metrics()["reused_prompt_tokens"] == 0 and "history" not in sources
+    assert len(engine._lookup.history.keys()) == 2
+    engine.submit(prompt + reply[:8], 4, cache_salt=first).result()  # the same salt still shares
+    assert engine.metrics()["reused_prompt_tokens"] > 0
+
+
 def test_a_cancelled_request_leaves_nothing(target, draft):
     engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
     handle = engine.submit(list(range(3, 50)), 30, cache_salt="alice")
