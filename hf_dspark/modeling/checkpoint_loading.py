@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from .architectures import architecture_of
 from .checkpoint_files import (
@@ -101,6 +102,20 @@ def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
     return model.eval()
 
 
+def _build_config(dialect: Dialect, raw: dict, target, path: Path) -> DSparkConfig:
+    """The dialect's config, or one :class:`CheckpointError` naming the file: a missing or wrongly typed field
+    must not surface as a bare KeyError / TypeError from deep inside a dialect or transformers."""
+    try:
+        return dialect.build_config(raw, target)
+    except (ValueError, KeyError, TypeError, AttributeError, StrictDataclassError) as err:
+        # StrictDataclassError: transformers' config validators (a mistyped key of a stored layer config)
+        reason = f"it has no field {err.args[0]!r}" if type(err) is KeyError else " ".join(str(err).split())
+        reason = reason if reason.endswith((".", "!", "?")) else reason + "."
+        raise CheckpointError(f"{path / 'config.json'} ({dialect.name} format) is not a valid drafter config: "
+                              f"{reason} Fix that field, or re-save the drafter from its original checkpoint."
+                              ) from err
+
+
 @dataclass
 class LoadPlan:
     """Everything known about a checkpoint before its weights are read (``describe_checkpoint`` reports it)."""
@@ -120,7 +135,7 @@ def plan_load(cls, name_or_path, target=None, **kwargs) -> LoadPlan:
     path = resolve_checkpoint_dir(name_or_path, **kwargs)
     raw = read_config(path)
     dialect = detect_dialect(raw, path)
-    config = dialect.build_config(raw, target)
+    config = _build_config(dialect, raw, target, path)
     architecture_class = architecture_of(config).model_class
     cls = cls if issubclass(cls, architecture_class) else architecture_class
     tensors = read_checkpoint_index(path)

@@ -29,6 +29,18 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[
     return sorted({round(low + i * (high - low) / (num_taps - 1)) for i in range(num_taps)})
 
 
+# Target-config keys every drafter reads (layers, embedding width, vocabulary); without one the model cannot be built.
+_REQUIRED_TARGET_KEYS = ("model_type", "hidden_size", "num_attention_heads", "vocab_size")
+# Integer fields (None allowed for the optional ones): a "7" or 7.5 from a hand-edited config.json must not reach
+# the model, where it fails deep inside (or, for a float, drafts with a fractional block).
+_INT_FIELDS = ("num_hidden_layers", "block_size", "markov_rank", "sequential_top_k", "num_unpredicted_slots")
+_OPTIONAL_INT_FIELDS = ("mask_token_id", "draft_vocab_size", "num_target_layers")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _version() -> str:
     from ..version import __version__
 
@@ -133,7 +145,9 @@ class DSparkConfig(PretrainedConfig):
             "num_hidden_layers")
         if target_layer_ids is None and self.num_target_layers:
             target_layer_ids = default_target_layer_ids(self.num_target_layers)
-        self.target_layer_ids = list(target_layer_ids or [])
+        # a list stays a list; anything else (a hand-edited "1") is kept for _raise_if_wrong_types to name
+        self.target_layer_ids = list(target_layer_ids) if isinstance(target_layer_ids, (list, tuple)) else (
+            target_layer_ids if target_layer_ids is not None else [])
         self.block_size = block_size
         vocab_size = target_config.get("vocab_size")
         self.mask_token_id = mask_token_id if mask_token_id is not None else (
@@ -168,6 +182,7 @@ class DSparkConfig(PretrainedConfig):
         from .architectures import NO_SEQUENTIAL_HEAD, architecture_of
         from .heads import SEQUENTIAL_HEAD_CLASSES
 
+        self._raise_if_wrong_types()
         heads = sorted(SEQUENTIAL_HEAD_CLASSES) + [NO_SEQUENTIAL_HEAD]
         if self.sequential_head not in heads:
             raise ValueError(f"sequential_head={self.sequential_head!r} is not one of {heads} (add one with "
@@ -231,6 +246,23 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"draft_layer_style={self.draft_layer_style!r} is not one of {styles}.")
         if self.sequential_top_k < 0:
             raise ValueError(f"sequential_top_k={self.sequential_top_k} must be >= 0 (0 = full vocabulary).")
+
+    def _raise_if_wrong_types(self) -> None:
+        """Missing target keys and wrongly typed fields, checked before any comparison could raise a TypeError."""
+        missing = [key for key in _REQUIRED_TARGET_KEYS if self.target_config.get(key) is None]
+        if missing:
+            raise ValueError(f"target_config has no {missing}: a drafter's layers and vocabulary are built from its "
+                             "target's config. Rebuild the drafter with DSparkDraftModel.from_target(target) or copy "
+                             "the keys from the target's config.json.")
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
+            value = getattr(self, name, None)
+            if not _is_int(value) and not (value is None and name in _OPTIONAL_INT_FIELDS):
+                raise ValueError(f"{name}={value!r} must be an integer{' or null' * (name in _OPTIONAL_INT_FIELDS)}.")
+        if not isinstance(self.use_confidence_head, bool):
+            raise ValueError(f"use_confidence_head={self.use_confidence_head!r} must be true or false.")
+        if not isinstance(self.target_layer_ids, list) or not all(_is_int(i) for i in self.target_layer_ids):
+            raise ValueError(f"target_layer_ids={self.target_layer_ids!r} must be a list of integers (0-based target "
+                             "decoder layers).")
 
     # -- derived ------------------------------------------------------------------------------------------
     def calibration_for(self, greedy: bool) -> tuple[list[float] | None, list[float] | None]:

@@ -151,10 +151,36 @@ def _num_layers(target) -> int | None:
 # -------------------------------------------------------------------------------------------------------
 # Native
 # -------------------------------------------------------------------------------------------------------
+# Fields every hf-dspark version has saved. A missing one is damage, not an old format: a default would build a
+# different drafter than the one trained (block_size 7 instead of 5, other taps or mask token) without a word.
+_NATIVE_REQUIRED = ("target_config", "num_hidden_layers", "target_layer_ids", "block_size", "mask_token_id",
+                    "sequential_head", "markov_rank", "use_confidence_head")
+
+
+def _is_native(raw: dict) -> bool:
+    # target_config is ours alone: a damaged model_type must not send our config to another dialect's reader
+    return raw.get("model_type") == DSparkConfig.model_type or "target_config" in raw
+
+
+def _native_config(raw: dict, target) -> DSparkConfig:
+    if raw.get("model_type") != DSparkConfig.model_type:
+        raise CheckpointError(f"model_type={raw.get('model_type')!r} on an hf-dspark drafter config (it has "
+                              f"target_config): it must be {DSparkConfig.model_type!r}.")
+    missing = [key for key in _NATIVE_REQUIRED if key not in raw]
+    if missing:
+        raise CheckpointError(f"it has no {missing}, which every hf-dspark drafter saves; defaults would build a "
+                              "different drafter than the one trained.")
+    if not isinstance(raw["target_config"], dict) or not raw["target_config"]:
+        # an empty target_config would also skip DSparkConfig's validation
+        raise CheckpointError(f"target_config={raw['target_config']!r} must be the target's text config (a "
+                              "non-empty object).")
+    return DSparkConfig.from_dict(raw)
+
+
 register_dialect(Dialect(
     name="native",
-    matches=lambda raw: raw.get("model_type") == DSparkConfig.model_type,
-    build_config=lambda raw, target: DSparkConfig.from_dict(raw),
+    matches=_is_native,
+    build_config=_native_config,
     load_with_transformers=True,
 ))
 

@@ -560,6 +560,49 @@ def test_native_checkpoint_missing_a_parameter_is_refused(tmp_path, tiny_drafter
         DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
 
 
+def _drop(key):
+    return lambda config: config.pop(key)
+
+
+def _set(key, value):
+    return lambda config: config.__setitem__(key, value)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    # a default would silently build another drafter (block_size 7 instead of the trained 5)
+    (_drop("block_size"), r"it has no \['block_size'\], which every hf-dspark drafter saves"),
+    (_set("block_size", "5"), "block_size='5' must be an integer"),
+    (_set("block_size", 2.5), "block_size=2.5 must be an integer"),
+    (_set("target_layer_ids", "1"), "target_layer_ids='1' must be a list of integers"),
+    (_set("use_confidence_head", "no"), "use_confidence_head='no' must be true or false"),
+    (_set("target_config", {}), "target_config={} must be the target's text config"),
+    (lambda config: config["target_config"].pop("vocab_size"), r"target_config has no \['vocab_size'\]"),
+    (_drop("model_type"), "model_type=None on an hf-dspark drafter config"),  # not read as another dialect
+])
+def test_damaged_native_config_is_one_error_naming_the_field(tmp_path, tiny_drafter, tiny_target, damage, message):
+    from hf_dspark.loading import ModelLoadError, load_drafter
+
+    tiny_drafter.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    damage(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json \(native format\) is not a valid drafter config: "
+                                              + message):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
+    with pytest.raises(ModelLoadError, match=message):  # the CLI's loader: one line, not a KeyError / TypeError
+        load_drafter(tmp_path, tiny_target)
+
+
+def test_mistyped_foreign_layer_config_is_one_error_naming_the_file(tmp_path, tiny_qwen3_target):
+    write_dialect(tmp_path, "speculators", tiny_qwen3_target, "markov", True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["transformer_layer_config"]["hidden_size"] = "64"  # transformers' StrictDataclassError before the fix
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json \(speculators format\) is not a valid drafter config: "
+                                              r".*'hidden_size'"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+
+
 # -------------------------------------------------------------------------------------------------------
 # Wrong target
 # -------------------------------------------------------------------------------------------------------
