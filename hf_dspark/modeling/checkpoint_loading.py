@@ -32,9 +32,14 @@ from .target_compatibility import (
 logger = logging.getLogger(__name__)
 
 
+def _is_floating(safetensors_dtype: str) -> bool:
+    return safetensors_dtype.startswith(("F", "BF"))  # F64 / F32 / F16 / BF16 / F8_*
+
+
 def _map_tensors(dialect: Dialect, tensors: dict[str, TensorInfo], expected: dict[str, tuple[int, ...]],
-                 path: Path) -> dict[str, str]:
-    """our name -> stored name, after checking the mapped names and shapes equal the drafter's parameters."""
+                 path: Path, floating: frozenset[str] = frozenset()) -> dict[str, str]:
+    """our name -> stored name, after checking the mapped names and shapes equal the drafter's parameters (and that
+    the ``floating`` ones are stored as floating point)."""
     mapping: dict[str, str] = {}
     for stored in tensors:
         ours = dialect.rename(stored)
@@ -58,6 +63,11 @@ def _map_tensors(dialect: Dialect, tensors: dict[str, TensorInfo], expected: dic
         if tuple(got) != tuple(expected[ours]):
             raise CheckpointError(f"{where}: tensor {stored!r} has shape {tuple(got)} but the drafter's config "
                                   f"expects {tuple(expected[ours])}.")
+        if ours in floating and not _is_floating(tensors[stored].dtype):
+            # loading would cast the integers to float silently: a quantized or damaged file, not these weights
+            raise CheckpointError(f"{where}: tensor {stored!r} is stored as {tensors[stored].dtype} but the drafter's "
+                                  "parameter is floating point (a quantized or damaged file?). Load a full-precision "
+                                  "checkpoint (F32, F16 or BF16), e.g. one written by save_pretrained.")
     return mapping
 
 
@@ -146,10 +156,12 @@ def plan_load(cls, name_or_path, target=None, **kwargs) -> LoadPlan:
         if vocabulary is not None:
             config.draft_vocab_size = int(vocabulary.ids.shape[0])
     model = _empty_model(cls, config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    state = model.state_dict()
+    expected = {name: tuple(t.shape) for name, t in state.items()}
+    floating = frozenset(name for name, t in state.items() if t.is_floating_point())
     if vocabulary is not None:
         expected.pop("draft_to_target")  # built from d2t / t2d, not a stored tensor of that name
-    mapping = _map_tensors(dialect, tensors, expected, path)
+    mapping = _map_tensors(dialect, tensors, expected, path, floating)
     return LoadPlan(path, raw, dialect, config, tensors, vocabulary, mapping, cls)
 
 

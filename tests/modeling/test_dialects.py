@@ -560,6 +560,16 @@ def test_native_checkpoint_missing_a_parameter_is_refused(tmp_path, tiny_drafter
         DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
 
 
+def test_integer_tensor_for_a_float_parameter_is_refused(tmp_path, tiny_drafter, tiny_target):
+    tiny_drafter.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["fc.weight"] = (state["fc.weight"] * 100).to(torch.int32)  # was cast back to float silently
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"tensor 'fc\.weight' is stored as I32 but the drafter's parameter is "
+                                              "floating point"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
+
+
 def _drop(key):
     return lambda config: config.pop(key)
 
