@@ -51,10 +51,16 @@ def is_local_path(name_or_path) -> bool:
 
 
 def resolve_checkpoint_dir(name_or_path, **kwargs) -> Path:
-    """A local directory as is; otherwise a Hub id through the HF cache (cache only when offline)."""
+    """A local directory as is; otherwise a Hub id through the HF cache (cache only when offline). ``subfolder``
+    (as in transformers' ``from_pretrained``) names the drafter's folder inside either."""
+    subfolder = str(kwargs.get("subfolder") or "").strip("/")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return path
+        if not subfolder:
+            return path
+        if not (path / subfolder).is_dir():
+            raise FileNotFoundError(f"{name_or_path} has no subfolder {subfolder!r}.")
+        return path / subfolder
     if is_local_path(name_or_path):
         raise FileNotFoundError(f"{name_or_path} is not a checkpoint directory.")
     from huggingface_hub import snapshot_download
@@ -62,13 +68,19 @@ def resolve_checkpoint_dir(name_or_path, **kwargs) -> Path:
     offline = any(os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
                   for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     local_only = bool(kwargs.get("local_files_only", False)) or offline
+    prefix = f"{subfolder}/" if subfolder else ""
     try:
-        return Path(snapshot_download(str(name_or_path), revision=kwargs.get("revision"),
+        root = Path(snapshot_download(str(name_or_path), revision=kwargs.get("revision"),
                                       cache_dir=kwargs.get("cache_dir"), local_files_only=local_only,
-                                      token=kwargs.get("token"), allow_patterns=["*.json", "*.safetensors", "*.md"]))
+                                      token=kwargs.get("token"),
+                                      allow_patterns=[prefix + pattern for pattern in ("*.json", "*.safetensors",
+                                                                                        "*.md")]))
     except Exception as err:  # huggingface_hub raises several unrelated types for "not available"
         where = "the local Hugging Face cache (offline mode)" if local_only else "the Hugging Face Hub"
         raise FileNotFoundError(f"Could not get drafter {name_or_path!r} from {where}: {err}") from err
+    if subfolder and not (root / subfolder).is_dir():
+        raise FileNotFoundError(f"Drafter repo {name_or_path!r} has no subfolder {subfolder!r}.")
+    return root / subfolder if subfolder else root
 
 
 def _read_header(file: Path) -> dict[str, TensorInfo]:

@@ -171,6 +171,7 @@ def from_pretrained_any_dialect(cls, name_or_path, *args, target=None, **kwargs)
     if target is not None:
         raise_if_dtype_conflicts(kwargs, target)
     plan = plan_load(cls, name_or_path, target=target, **kwargs)
+    kwargs.pop("subfolder", None)  # plan.path already is the subfolder: transformers must not append it again
     if plan.dialect.load_with_transformers:
         model = _load_native(plan.cls, plan.path, *args, **kwargs)
     else:

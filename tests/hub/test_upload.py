@@ -130,6 +130,20 @@ def test_hub_cache_copy_loads_offline_by_repo_id(offline_hub_cache, draft, targe
     assert torch.equal(target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=loaded), expected)
 
 
+def test_hub_cache_copy_in_a_subfolder_loads_by_repo_id_and_subfolder(pushed, draft, target, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snapshot = write_hub_cache(cache, REPO_ID, {})
+    (snapshot / "drafter").mkdir()
+    for name, data in pushed["files"].items():
+        (snapshot / "drafter" / name).write_bytes(data)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    loaded = DSparkDraftModel.from_pretrained(REPO_ID, subfolder="drafter", target=target)
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
 def test_repo_missing_from_the_offline_cache_is_a_clear_error(offline_hub_cache, target):
     with pytest.raises(FileNotFoundError, match="local Hugging Face cache \\(offline mode\\)"):
         DSparkDraftModel.from_pretrained("org/not-cached", target=target)

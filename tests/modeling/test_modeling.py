@@ -225,6 +225,18 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, target, head):
 
 
 
+def test_subfolder_loads_the_drafter_in_it_not_the_one_above(tmp_path, tiny_target):
+    """transformers' ``subfolder=`` was ignored: the folder above was loaded (here another drafter, silently)."""
+    make_drafter(tiny_target, seed=1).save_pretrained(tmp_path)
+    inner = make_drafter(tiny_target, seed=2)
+    inner.save_pretrained(tmp_path / "variant")
+    loaded = DSparkDraftModel.from_pretrained(tmp_path, subfolder="variant", target=tiny_target)
+    for name, tensor in inner.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    with pytest.raises(FileNotFoundError, match="has no subfolder 'absent'"):
+        DSparkDraftModel.from_pretrained(tmp_path, subfolder="absent", target=tiny_target)
+
+
 # -------------------------------------------------------------------------------------------------------
 # Growing a trained drafter
 # -------------------------------------------------------------------------------------------------------
