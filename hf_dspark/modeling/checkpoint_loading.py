@@ -81,7 +81,6 @@ def _empty_model(cls, config: DSparkConfig):
 
 def _load_native(cls, path: Path, *args, **kwargs):
     """Our format through transformers, after our checks; refuse anything transformers had to initialise."""
-    kwargs.pop("output_loading_info", None)
     model, info = cls._from_pretrained_native(path, *args, output_loading_info=True, **kwargs)
     problems = {key: info.get(key) for key in ("missing_keys", "mismatched_keys", "unexpected_keys", "error_msgs")}
     problems = {key: sorted(map(str, value)) for key, value in problems.items() if value}
@@ -168,6 +167,7 @@ def plan_load(cls, name_or_path, target=None, **kwargs) -> LoadPlan:
 def from_pretrained_any_dialect(cls, name_or_path, *args, target=None, **kwargs):
     """``DSparkDraftModel.from_pretrained``: load a drafter checkpoint in any registered dialect (ours through
     transformers, the others by assignment) and bind ``target``."""
+    output_loading_info = bool(kwargs.pop("output_loading_info", False))
     if target is not None:
         raise_if_dtype_conflicts(kwargs, target)
     plan = plan_load(cls, name_or_path, target=target, **kwargs)
@@ -182,5 +182,8 @@ def from_pretrained_any_dialect(cls, name_or_path, *args, target=None, **kwargs)
         model = model.bind_target(target)  # casts to the target's dtype and device
         if not plan.dialect.load_with_transformers:
             raise_if_stored_lm_head_is_not_the_targets(model, plan.tensors, plan.vocabulary, plan.path)
+    if output_loading_info:
+        # transformers' (model, info) contract; every load here is strict, so nothing is missing or mismatched
+        return model, {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
     return model
 

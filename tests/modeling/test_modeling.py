@@ -225,6 +225,13 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, target, head):
 
 
 
+def test_output_loading_info_gives_transformers_pair(tmp_path, tiny_drafter, tiny_target):
+    tiny_drafter.save_pretrained(tmp_path)  # the drafter alone was returned: `model, info = ...` raised TypeError
+    model, info = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target, output_loading_info=True)
+    assert isinstance(model, DSparkDraftModel) and model.target is tiny_target
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
 def test_subfolder_loads_the_drafter_in_it_not_the_one_above(tmp_path, tiny_target):
     """transformers' ``subfolder=`` was ignored: the folder above was loaded (here another drafter, silently)."""
     make_drafter(tiny_target, seed=1).save_pretrained(tmp_path)
