@@ -51,6 +51,19 @@ def architecture_named(name: str) -> DrafterArchitecture:
     return _ARCHITECTURES[name]
 
 
+def raise_if_built_by_another_class(model_class: type, config) -> None:
+    """Refuse building ``config``'s drafter with a class registered for another architecture (e.g.
+    ``DSparkDraftModel.from_target(target, drafter_architecture="eagle3")``): the layers would not be the ones the
+    config names, and the saved checkpoint could not be loaded back."""
+    registered = {architecture.model_class for architecture in _ARCHITECTURES.values()}
+    own = next((cls for cls in model_class.__mro__ if cls in registered), None)
+    wanted = architecture_of(config).model_class
+    if own is not None and own is not wanted:
+        raise ValueError(f"drafter_architecture={config.drafter_architecture!r} is built by {wanted.__name__}, not "
+                         f"{model_class.__name__}: call {wanted.__name__}.from_target(...) (from_pretrained picks the "
+                         "class itself).")
+
+
 def has_sequential_head(config) -> bool:
     return getattr(config, "sequential_head", "none") != NO_SEQUENTIAL_HEAD
 
@@ -72,4 +85,5 @@ def uses_baseline_loss(config) -> bool:
 NO_SEQUENTIAL_HEAD = "none"
 
 __all__ = ["DrafterArchitecture", "NO_SEQUENTIAL_HEAD", "architecture_named", "architecture_of", "available_architectures",
-           "has_sequential_head", "method_label", "register_drafter_architecture", "uses_baseline_loss"]
+           "has_sequential_head", "method_label", "raise_if_built_by_another_class", "register_drafter_architecture",
+           "uses_baseline_loss"]

@@ -25,7 +25,13 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from ..cpu_kernels import SKINNY_KERNEL, linear_kernel, skinny_linear
-from .architectures import NO_SEQUENTIAL_HEAD, DrafterArchitecture, has_sequential_head, register_drafter_architecture
+from .architectures import (
+    NO_SEQUENTIAL_HEAD,
+    DrafterArchitecture,
+    has_sequential_head,
+    raise_if_built_by_another_class,
+    register_drafter_architecture,
+)
 from .checkpoint_loading import from_pretrained_any_dialect
 from .configuration import DSparkConfig
 from .draft_cache import ContextUpdate, DraftCache
@@ -59,6 +65,7 @@ class DSparkDraftModel(PreTrainedModel):
     _supports_sdpa = True
 
     def __init__(self, config: DSparkConfig):
+        raise_if_built_by_another_class(type(self), config)
         super().__init__(config)
         self.family = get_target_family(config.target_family)
         self.layer_family = layer_family(getattr(config, "draft_layer_style", "target"), self.family)

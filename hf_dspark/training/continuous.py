@@ -110,7 +110,7 @@ def convert_layer_style(drafter, target, style: str, num_layers: int | None = No
 
     config = copy.deepcopy(drafter.config)
     config.draft_layer_style = style
-    fresh = DSparkDraftModel(config).to(next(drafter.parameters()).dtype)
+    fresh = type(drafter)(config).to(next(drafter.parameters()).dtype)  # an Eagle3 drafter stays one
     missing, unexpected = fresh.load_state_dict(drafter.state_dict(), strict=False)
     if unexpected or any("_norm" not in name for name in missing):
         raise ValueError(f"Cannot convert the drafter's layers to {style!r}: missing {missing}, unexpected "

@@ -94,6 +94,14 @@ def test_config_refuses_heads_and_layers_eagle3_does_not_have(tiny_target):
             DSparkConfig(**{**base, "drafter_architecture": "eagle3", **bad})
 
 
+
+def test_an_eagle3_config_is_not_built_by_the_block_class(tmp_path, tiny_target):
+    # it built block layers under an eagle3 config: a drafter whose saved checkpoint could not be loaded back
+    with pytest.raises(ValueError, match="is built by Eagle3DraftModel, not DSparkDraftModel"):
+        DSparkDraftModel.from_target(tiny_target, head="none", use_confidence_head=False, drafter_architecture="eagle3")
+    with pytest.raises(ValueError, match="is built by DSparkDraftModel, not Eagle3DraftModel"):
+        Eagle3DraftModel(DSparkDraftModel.from_target(tiny_target).config)
+
 def _left_pad(prompts):
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
