@@ -90,6 +90,19 @@ def _load_native(cls, path: Path, *args, **kwargs):
     return model
 
 
+def _raise_if_bad_draft_vocabulary(model, path: Path) -> None:
+    """The stored draft vocabulary must be what ``set_draft_vocabulary`` writes: out-of-range ids crashed deep inside
+    drafting with an IndexError, repeated ids would give one target token two rows of q."""
+    ids = getattr(model, "draft_to_target", None)
+    if ids is None or not ids.numel():
+        return
+    vocab = model.config.target_config["vocab_size"]
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab or bool((ids[1:] <= ids[:-1]).any()):
+        raise CheckpointError(f"{path}: draft_to_target must hold strictly ascending target token ids in [0, {vocab}) "
+                              f"(got min {int(ids.min())}, max {int(ids.max())}); the file is damaged. Re-save the "
+                              "drafter (set_draft_vocabulary checks the ids).")
+
+
 def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
                   vocabulary: DraftVocabulary | None = None):
     """Fill the empty drafter by assignment from the mapped tensors (no random initialisation anywhere)."""
@@ -178,6 +191,7 @@ def from_pretrained_any_dialect(cls, name_or_path, *args, target=None, **kwargs)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         model = _load_foreign(_empty_model(plan.cls, plan.config), plan.path, plan.dialect, plan.tensors,
                               plan.mapping, dtype, plan.vocabulary)
+    _raise_if_bad_draft_vocabulary(model, plan.path)
     if target is not None:
         model = model.bind_target(target)  # casts to the target's dtype and device
         if not plan.dialect.load_with_transformers:

@@ -96,6 +96,21 @@ def test_save_load_round_trip_keeps_the_vocabulary(tmp_path, target):
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
+@pytest.mark.parametrize("damage", ["out_of_range", "repeated"])
+def test_a_damaged_stored_draft_vocabulary_is_refused_at_load(tmp_path, target, damage):
+    from safetensors.torch import load_file, save_file
+
+    from hf_dspark.modeling.checkpoint_files import CheckpointError
+
+    make_drafter(target).save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    # out of range: an IndexError deep inside drafting; repeated: one target token with two rows of q
+    state["draft_to_target"][-1] = TINY_VOCAB + 5 if damage == "out_of_range" else state["draft_to_target"][0]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"draft_to_target must hold strictly ascending target token ids"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=target)
+
+
 def test_set_draft_vocabulary_refuses_bad_ids(target):
     draft = make_drafter(target)
     with pytest.raises(ValueError, match="unique"):
