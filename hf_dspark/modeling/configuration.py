@@ -206,12 +206,14 @@ class DSparkConfig(PretrainedConfig):
                              "set use_confidence_head=False for a DFlash drafter.")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty: name the target decoder layers to tap.")
-        top, inner = getattr(self, "hidden_size", None), self.target_config.get("hidden_size")
-        if top is not None and inner is not None and top != inner:
-            # The layers are built from target_config; a different top-level value would be ignored silently.
-            raise ValueError(f"hidden_size={top} disagrees with target_config['hidden_size']={inner}: a drafter has "
-                             "its target's hidden size and its layers are built from target_config. Remove the "
-                             "top-level hidden_size (or set it to the target's).")
+        for key, what in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary")):
+            top, inner = getattr(self, key, None), self.target_config.get(key)
+            if top is not None and inner is not None and top != inner:
+                # The layers are built from target_config, but transformers and the step-cost profiler read the
+                # top-level copy: a different value was ignored, or (vocab_size) drew token ids out of range.
+                raise ValueError(f"{key}={top} disagrees with target_config[{key!r}]={inner}: a drafter has its "
+                                 f"target's {what} and its layers are built from target_config. Remove the "
+                                 f"top-level {key} (or set it to the target's).")
         if self.num_target_layers is not None:
             bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
             if bad:

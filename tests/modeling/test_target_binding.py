@@ -73,6 +73,17 @@ def test_top_level_hidden_size_must_agree_with_target_config(target, saved_bf16,
         DSparkDraftModel.from_pretrained(edited)
 
 
+def test_top_level_vocab_size_must_agree_with_target_config(target, saved_bf16, tmp_path):
+    # loaded, then generate died with an IndexError: the step-cost profiler drew ids from the top-level vocab_size
+    for file in saved_bf16.iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["vocab_size"] = config["target_config"]["vocab_size"] + 100
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"vocab_size=\d+ disagrees with target_config\['vocab_size'\]"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=target)
+
+
 def test_a_feature_tap_records_only_its_own_threads_forwards(tiny_target):
     """Two generate calls on one target in two threads each tap it: neither may read the other's features."""
     import threading
