@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +85,14 @@ def _record(prompt: Prompt, answer: str, num_new_tokens: int | None, finish_reas
             "num_new_tokens": num_new_tokens, "finish_reason": finish_reason}
 
 
+def _append_records(path: Path, records: Iterable[dict]) -> None:
+    """Append JSON lines and close the file again. Why not one handle for the whole run: git (stash, checkout, pull)
+    replaces a file it rewrites with a new one, and a run holding the old handle would go on writing every later
+    answer into the unlinked file, where nothing reads it."""
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+
+
 def _todo(prompts: Sequence[Prompt], out_path: Path) -> list[Prompt]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = _done_ids(out_path)
@@ -122,15 +130,14 @@ def regenerate_local(model, tokenizer, prompts: Sequence[Prompt], out_path: str 
     written = 0
     new_tokens = 0
     start = time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt") as bar:
+    with tqdm(total=len(todo), desc="regenerate", unit="prompt") as bar:
         for b in range(0, len(todo), batch_size):
             batch = todo[b:b + batch_size]
             texts = [_render(tokenizer, p) for p in batch]
             results = _generate_batch(model, tokenizer, texts, settings, seed + b)
-            for prompt, (answer, n_tokens, reason) in zip(batch, results):
-                f.write(json.dumps(_record(prompt, answer, n_tokens, reason), ensure_ascii=False) + "\n")
-                new_tokens += n_tokens
-            f.flush()
+            _append_records(out_path, [_record(prompt, answer, n_tokens, reason)
+                                       for prompt, (answer, n_tokens, reason) in zip(batch, results)])
+            new_tokens += sum(n_tokens for _, n_tokens, _ in results)
             written += len(batch)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.0f}")
@@ -147,21 +154,18 @@ def regenerate_endpoint(endpoint: str, model_name: str, prompts: Sequence[Prompt
     todo = _todo(prompts, out_path)
     url = endpoint.rstrip("/") + ("" if endpoint.rstrip("/").endswith("/chat/completions") else "/v1/chat/completions")
     written = 0
-    with out_path.open("a", encoding="utf-8") as f:
-        for prompt in tqdm(todo, desc="regenerate", unit="prompt"):
-            body = {"model": model_name, "messages": [{"role": "user", "content": prompt.first_turn}],
-                    "temperature": settings.temperature, "top_p": settings.top_p,
-                    "max_tokens": settings.max_new_tokens}
-            request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                reply = json.loads(response.read())
-            choice = reply["choices"][0]
-            record = _record(prompt, choice["message"]["content"], reply.get("usage", {}).get("completion_tokens"),
-                             choice.get("finish_reason"))
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
-            written += 1
+    for prompt in tqdm(todo, desc="regenerate", unit="prompt"):
+        body = {"model": model_name, "messages": [{"role": "user", "content": prompt.first_turn}],
+                "temperature": settings.temperature, "top_p": settings.top_p,
+                "max_tokens": settings.max_new_tokens}
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            reply = json.loads(response.read())
+        choice = reply["choices"][0]
+        tokens = reply.get("usage", {}).get("completion_tokens")
+        _append_records(out_path, [_record(prompt, choice["message"]["content"], tokens, choice.get("finish_reason"))])
+        written += 1
     return written
 
 
@@ -189,8 +193,7 @@ def regenerate_with_engine(engine, tokenizer, prompts: Sequence[Prompt], out_pat
     in_flight: list[tuple[Prompt, object]] = []
     written = new_tokens = 0
     start = time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc="regenerate", unit="prompt",
-                                                         disable=not progress) as bar:
+    with tqdm(total=len(todo), desc="regenerate", unit="prompt", disable=not progress) as bar:
         while pending or in_flight:
             while pending and len(in_flight) < max_queued:
                 prompt = pending.popleft()
@@ -207,9 +210,8 @@ def regenerate_with_engine(engine, tokenizer, prompts: Sequence[Prompt], out_pat
                 finished = output.finish_reason == "stop"  # FinishReason is a str enum: its value
                 tokens = output.token_ids[:-1] if finished else output.token_ids
                 answer = tokenizer.decode(tokens, skip_special_tokens=True)
-                f.write(json.dumps(_record(prompt, answer, len(output.token_ids), "stop" if finished else "length"),
-                                   ensure_ascii=False) + "\n")
-                f.flush()
+                _append_records(out_path, [_record(prompt, answer, len(output.token_ids),
+                                                   "stop" if finished else "length")])
                 new_tokens += len(output.token_ids)
                 written += 1
                 bar.update(1)
@@ -268,10 +270,8 @@ def synthesise_magpie_prompts(model, tokenizer, num: int, batch_size: int = 32, 
                 prompts.append(Prompt((text,), "magpie"))
         prompts = dedupe(prompts)
         if path is not None:
-            with path.open("a", encoding="utf-8") as f:
-                for prompt in prompts[known:]:
-                    f.write(json.dumps({"turns": list(prompt.turns), "category": prompt.category,
-                                        "attempt": attempts}, ensure_ascii=False) + "\n")
+            _append_records(path, [{"turns": list(prompt.turns), "category": prompt.category, "attempt": attempts}
+                                   for prompt in prompts[known:]])
         bar.update(len(prompts) - known)
         attempts += 1
     bar.close()

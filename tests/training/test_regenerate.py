@@ -166,3 +166,28 @@ def test_script_answers_through_an_openai_compatible_endpoint(tmp_path):
     assert {r["messages"][1]["content"] for r in records} == {"ok: count from one to five", "ok: what red cat",
                                                               "ok: please blue sea and sky"}
     assert all(r["num_new_tokens"] == 3 and r["finish_reason"] == "stop" for r in records)
+
+
+def test_answers_land_in_the_file_even_when_it_is_replaced_during_the_run(tmp_path, monkeypatch):
+    """git stash / checkout / pull rewrite a tracked file as a new one: a run that kept the old handle wrote every
+    later answer into the unlinked file (lost). Each batch now appends to whatever file is at the path."""
+    import os
+
+    import hf_dspark.training.regenerate as regenerate
+    from hf_dspark.training.regenerate import SamplingSettings, regenerate_local
+
+    model, tok = make_tiny_llama(seed=0).eval(), make_chat_tokenizer()
+    out = tmp_path / "train.jsonl"
+    real = regenerate._generate_batch
+
+    def batch_after_a_git_rewrite(*args, **kwargs):
+        if out.exists():  # what git does to a file it restores: write a new file, rename it over the old
+            (tmp_path / "rewritten").write_bytes(out.read_bytes())
+            os.replace(tmp_path / "rewritten", out)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(regenerate, "_generate_batch", batch_after_a_git_rewrite)
+    prompts = _chat_prompts(6)
+    assert regenerate_local(model, tok, prompts, out, settings=SamplingSettings(temperature=0, max_new_tokens=4),
+                            batch_size=2) == 6
+    assert len(_read(out)) == 6
