@@ -106,8 +106,6 @@ def convert_layer_style(drafter, target, style: str, num_layers: int | None = No
     """A drafter with ``style`` layers that starts from ``drafter``'s weights: every tensor both layouts have is
     copied; q/k norms a Qwen3-style layer adds start at 1 (so attention changes only by the normalisation); layers
     beyond the old ones are zero-output copies (:meth:`~hf_dspark.modeling.DSparkDraftModel.grow_layers`)."""
-    from ..modeling import DSparkDraftModel
-
     config = copy.deepcopy(drafter.config)
     config.draft_layer_style = style
     fresh = type(drafter)(config).to(next(drafter.parameters()).dtype)  # an Eagle3 drafter stays one

@@ -132,7 +132,8 @@ def test_requested_outputs_that_are_not_produced_warn(target, draft):
 def test_a_dict_output_without_the_cache_plain_generate_returns_warns(target, draft, use_cache):
     """Plain generate's dict output carries past_key_values by default: its absence must not go unsaid."""
     setting = {} if use_cache is None else {"use_cache": use_cache}
-    assert target.generate(PROMPT, max_new_tokens=4, return_dict_in_generate=True, **setting).past_key_values is not None
+    plain = target.generate(PROMPT, max_new_tokens=4, return_dict_in_generate=True, **setting)
+    assert plain.past_key_values is not None
     with pytest.warns(UserWarning, match="target cache is not handed back"):
         out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, return_dict_in_generate=True,
                               **setting)

@@ -7,7 +7,7 @@ from conftest import flat_cost, make_tiny_drafter, make_tiny_llama
 
 from hf_dspark.generation.generate import _round_for
 from hf_dspark.serving import DSparkEngine
-from hf_dspark.speculation.shared_state import shared_state_for
+from hf_dspark.speculation.shared_state import salt_scope, shared_state_for
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,7 @@ def test_generate_and_the_engine_build_equivalent_rounds(target, draft, policy, 
                                                                      engine._lookup.long_match_tokens)
         assert proposer.history is shared_state_for(target).history and engine._lookup.history is not None
         assert engine._lookup.history is not proposer.history
-        assert proposer.history_key.scope == "builder" and engine._lookup.history_key is None  # rows give theirs
+        assert proposer.history_key.scope == salt_scope("builder")  # the salt's scope; the engine's rows give theirs
+        assert engine._lookup.history_key is None
         assert ours.calibrator is scope.calibrator and theirs.calibrator is not None
         assert theirs.calibrator is not scope.calibrator
