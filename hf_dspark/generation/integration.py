@@ -150,7 +150,7 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
 def _raise_if_assisted_generation_settings(args: tuple, kwargs: dict) -> None:
     """Settings of transformers' assisted generation given to this call (keyword or ``generation_config=``; the
     target's own config is not this call's request), which the DSpark loop does not read."""
-    config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
+    config = _passed_config(args, kwargs)
     for name, instead in _ASSISTED_GENERATION_SETTINGS.items():
         value = kwargs[name] if name in kwargs else getattr(config, name, None)
         if value is not None:
@@ -192,11 +192,16 @@ def _bind_on_first_use(drafter, target) -> None:
         drafter.bind_target(target)
 
 
+def _passed_config(args: tuple, kwargs: dict):
+    """The GenerationConfig this call passed (keyword or generate's second positional argument), if any."""
+    return kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
+
+
 def _setting(name: str, target, args: tuple, kwargs: dict):
     """A generation setting as transformers will resolve it: keyword, then the passed config, then the target's."""
     if name in kwargs:
         return kwargs[name]
-    config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or target.generation_config
+    config = _passed_config(args, kwargs) or target.generation_config
     return getattr(config, name, None)
 
 
