@@ -142,8 +142,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   dspark_confidence_threshold: float | None = None, dspark_policy: VerifyPolicy | str | None = None,
                   dspark_sequential_top_k: int | None = None, dspark_lookup: bool | str = True,
                   dspark_cache_salt: str | None = None, dspark_isolate: bool = False, dspark_prefix_cache: bool = True,
-                  dspark_step_cost=None,
-                  dspark_cpu_linears: bool | None = None, dspark_tokenizer=None, **model_kwargs):
+                  dspark_step_cost=None, dspark_cpu_linears: bool | None = None, dspark_tokenizer=None,
+                  dspark_callers_cache: bool = False, **model_kwargs):
     """``custom_generate`` callable: speculative decoding with a DSpark drafter, any batch size.
 
     By default every round is planned by the cost-aware scheduler (``scheduling.scheduled.ScheduledPolicy``) on
@@ -173,12 +173,16 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
 
     ``dspark_recorder`` (optional, e.g. ``evaluation.recorder.RoundRecorder``) gets
     ``observe_round(num_proposed [B], num_accepted [B], num_committed [B], confidence_logits [B, γ] | None)``
-    after every verification round: the raw per-round data calibration and evaluation need."""
+    after every verification round: the raw per-round data calibration and evaluation need.
+
+    ``dspark_callers_cache`` (set by the ``generate`` wrapper): the cache in ``model_kwargs`` is one the caller
+    passed and keeps; it is never shared through the prefix cache and is left as :func:`_leave_callers_cache` says."""
     drafter = dspark_drafter
     if drafter is None:
         raise ValueError("dspark_decode needs dspark_drafter= (use target.generate(..., assistant_model=draft)).")
     drafter.bind_target(model) if drafter._bound_target[:1] != [model] else None
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    callers_cache = cache if dspark_callers_cache else None
     _raise_if_unsupported(model, generation_config, cache, input_ids.shape[1])
     _raise_if_right_padded(model_kwargs.get("attention_mask"))
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
@@ -189,7 +193,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     # entry (a later drafting call must not take a drafter context that stops at this call's prompt)
     call.context_drafter = None if lookup_mode == "only" else drafter
     scope = None if dspark_isolate else shared_state_for(model).scope(dspark_cache_salt)
-    keeps_prefixes = dspark_prefix_cache and scope is not None
+    # a caller's cache is theirs: kept in the store, a later call would crop and extend it under their hands
+    keeps_prefixes = dspark_prefix_cache and scope is not None and callers_cache is None
     prefix_key = (_prefix_key(model, call.context_drafter, call, cache, dspark_cache_salt) if keeps_prefixes
                   else None)
     weights, reused = (), None
@@ -227,7 +232,30 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             call.end_lookup()
         if dspark_step_cost is None and round_.resolved_cost is not None:
             shared_state_for(model).review_cost(round_.resolved_cost, round_.fastest_step_ratio)
+    if callers_cache is not None:
+        _leave_callers_cache(callers_cache, call.tokens)
     return call.finish(model)
+
+
+#: The attribute :func:`_leave_callers_cache` marks a caller's cache with when no later call may take it (its value:
+#: the batch size of the call that left it so); the ``generate`` wrapper refuses such a cache.
+SPENT_CACHE_MARK = "_hf_dspark_spent_by_batch"
+
+
+def _leave_callers_cache(cache, tokens: RowTokens) -> None:
+    """A cache the caller passed in, left for their next call (transformers' "continue with the cache" pattern).
+
+    Batch 1: as plain ``generate`` leaves it, holding every token's K/V but the last one's. Why crop: the last round
+    also cached drafts accepted after the token that stopped the row (EOS, a stop string), and a next turn passing
+    this cache would attend to them instead of its own tokens. Batch > 1: rejected drafts stay as masked holes and
+    finished rows were dropped from it, which no later call could tell from a cache of its prompt: it is marked,
+    and the ``generate`` wrapper refuses it (never other tokens)."""
+    if len(tokens) == 1:
+        drop = cache.get_seq_length() - (tokens.lengths[0] - 1)
+        if drop > 0:
+            cache.crop(-drop)  # transformers >= 5.24: a negative count is the number of slots to drop
+    else:
+        setattr(cache, SPENT_CACHE_MARK, len(tokens))
 
 
 def _raise_if_bad_salt(salt, isolate) -> None:

@@ -44,7 +44,7 @@ import torch
 from ..metrics import DSparkStats
 from ..modeling.modeling import TARGET_BIND_HOOKS
 from ..speculation.shared_state import forget
-from .generate import dspark_decode
+from .generate import SPENT_CACHE_MARK, dspark_decode
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ def enable(target) -> None:
         if not is_dspark_drafter(assistant_model):
             if dspark_recorder is not None:
                 raise ValueError("dspark_recorder= records speculative rounds; it needs a DSpark assistant_model.")
+            _raise_if_spent_cache(kwargs)
             extra = {"generator": generator} if generator is not None else {}
             return original(*args, assistant_model=assistant_model, streamer=streamer, **extra, **kwargs)
         try:
@@ -96,7 +97,7 @@ def enable(target) -> None:
             # arguments that its own _sample also takes (streamer), see _extract_generation_mode_kwargs.
             return original(*args, custom_generate=dspark_decode, dspark_drafter=assistant_model,
                             dspark_streamer=streamer, dspark_generator=generator, dspark_recorder=dspark_recorder,
-                            **kwargs)
+                            dspark_callers_cache=_passed_cache(kwargs) is not None, **kwargs)
         except BaseException:
             # A consumer iterating a TextIteratorStreamer in another thread would otherwise block until its
             # timeout (or forever): end the stream, then let the error through.
@@ -141,10 +142,35 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
         raise ValueError(f"dspark_confidence_threshold={threshold!r} must be a finite number >= 0 (0 = always draft "
                          "the whole block; above 1 = never draft).")
     _raise_if_assisted_generation_settings(args, kwargs)
-    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
-    if streamer is not None and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1:
+    _raise_if_spent_cache(kwargs)
+    rows = _num_rows(args, kwargs)
+    if streamer is not None and rows > 1:
         raise ValueError(f"streamer= supports batch size 1 only (as in transformers); got a batch of "
-                         f"{inputs.shape[0]}. Drop streamer= for batched generation.")
+                         f"{rows}. Drop streamer= for batched generation.")
+
+
+def _num_rows(args: tuple, kwargs: dict) -> int:
+    """The batch size of the call's input ids (1 when they are not a 2-D tensor: transformers will say why)."""
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    return inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 else 1
+
+
+def _passed_cache(kwargs: dict):
+    """The cache the caller passed (``cache=`` or the older name ``past_key_values=``), if any."""
+    cache = kwargs.get("cache")
+    return cache if cache is not None else kwargs.get("past_key_values")
+
+
+def _raise_if_spent_cache(kwargs: dict) -> None:
+    """A cache that a batched DSpark call left behind (``generate._leave_callers_cache``), passed again: plain
+    or speculative, the call would attend to rejected drafts' slots and miss the rows that finished early."""
+    batch = getattr(_passed_cache(kwargs), SPENT_CACHE_MARK, None)
+    if batch is not None:
+        raise ValueError(f"This cache= (past_key_values=) was passed to a generate call with a DSpark "
+                         f"assistant_model and a batch of {batch} rows, which leaves it holding rejected drafts' "
+                         "slots and without the rows that finished early: it cannot continue a later call. Pass a "
+                         "fresh cache (or none: the whole prompt is prefilled); at batch 1 a cache you pass in is "
+                         "left as plain generate leaves it.")
 
 
 def _raise_if_assisted_generation_settings(args: tuple, kwargs: dict) -> None:
@@ -214,12 +240,17 @@ def _warn_if_outputs_are_dropped(target, args: tuple, kwargs: dict) -> None:
         warnings.warn(f"{' and '.join(dropped)} requested, but a DSpark assistant_model does not produce them "
                       "(verification runs several tokens per forward and discards rejected drafts): those output "
                       "fields stay None. Generate without assistant_model to get them.", UserWarning, stacklevel=3)
-    passed_cache = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+    rows = _num_rows(args, kwargs)
+    if _passed_cache(kwargs) is not None and rows > 1:
+        warnings.warn(f"The cache you passed in is left holding masked slots of rejected drafts and without the rows "
+                      f"that finish early (a batch of {rows} with a DSpark assistant_model): it must not be passed to "
+                      "a later call, which would be refused. At batch 1 it is left as plain generate leaves it.",
+                      UserWarning, stacklevel=3)
     # plain generate returns its cache in a dict output unless use_cache is off (the default is on)
-    if passed_cache or (as_dict and _setting("use_cache", target, args, kwargs) is not False):
+    elif as_dict and _setting("use_cache", target, args, kwargs) is not False:
         warnings.warn("The target cache is not handed back with a DSpark assistant_model: it holds masked slots of "
-                      "rejected drafts, so the output has no cache and a cache you passed in must not be reused for "
-                      "a later call.", UserWarning, stacklevel=3)
+                      "rejected drafts, so the output has no past_key_values (a cache you pass in yourself at batch 1 "
+                      "is left as plain generate leaves it).", UserWarning, stacklevel=3)
 
 
 def _end_stream(streamer) -> None:

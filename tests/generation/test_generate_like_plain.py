@@ -4,6 +4,7 @@ several threads, scores of rows that stopped early (issue #40). Each case compar
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -38,7 +39,8 @@ def test_a_prefilled_cache_is_extended_as_plain_generate_extends_it(target, draf
     expected = target.generate(input_ids=PROMPT, attention_mask=mask, max_new_tokens=12, do_sample=False,
                                **{keyword: prefilled(target, PROMPT, 5)})
     cache = prefilled(target, PROMPT, 5)
-    with pytest.warns(UserWarning, match="must not be reused"):
+    with warnings.catch_warnings():  # at batch 1 the cache is left as plain generate leaves it: nothing to say
+        warnings.simplefilter("error", UserWarning)
         got = target.generate(input_ids=PROMPT, attention_mask=mask, max_new_tokens=12, do_sample=False,
                               assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0,
                               **{keyword: cache})
@@ -51,14 +53,70 @@ def test_a_prefilled_cache_of_a_left_padded_batch(target, draft):
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
     expected = target.generate(input_ids=ids, attention_mask=mask, cache=prefilled(target, ids, 4, mask),
                                max_new_tokens=10, do_sample=False)
-    with pytest.warns(UserWarning, match="must not be reused"):
+    with pytest.warns(UserWarning, match="must not be passed to a later call"):
         got = target.generate(input_ids=ids, attention_mask=mask, cache=prefilled(target, ids, 4, mask),
                               max_new_tokens=10, do_sample=False, assistant_model=draft)
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("stop_at", [3, 6])
+def test_a_callers_cache_continues_a_conversation_as_plain_generate_leaves_it(target, draft, monkeypatch, stop_at):
+    """transformers' "continue with the cache" pattern: a turn's cache, passed again with the next prompt. Drafts
+    accepted past the EOS that ended the turn (every draft right: EOS arrives inside accepted blocks) must not stay
+    in the caller's cache, where the next turn would attend to them."""
+    from test_generate import OracleDrafter
+
+    monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, target, pattern=[5]))
+    eos = int(target.generate(PROMPT, max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, 10 + stop_at])
+    kwargs = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": eos, "pad_token_id": 0}
+    ours = {"assistant_model": draft, "dspark_policy": "fixed", "dspark_lookup": False}
+
+    def two_turns(**extra):
+        cache = DynamicCache(config=target.config)
+        first = target.generate(PROMPT, cache=cache, **kwargs, **extra)
+        length = cache.get_seq_length()
+        if extra:
+            assert draft.stats.tau > 2.0  # accepted blocks really ran
+        second = target.generate(torch.cat([first, torch.tensor([[30, 31, 32]])], 1), cache=cache, **kwargs, **extra)
+        return first, length, second
+
+    expected = two_turns()
+    assert expected[0][0, -1] == eos and expected[1] == expected[0].shape[1] - 1
+    got = two_turns(**ours)
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+def test_a_callers_cache_is_never_kept_for_other_calls(target, draft):
+    """The prefix cache keeps a finished call's caches for the scope's next call, which crops and extends them in
+    place: a cache the caller passed (and holds) must not be among them."""
+    from hf_dspark.speculation.shared_state import forget, shared_state_for
+
+    forget(target)
+    cache = DynamicCache(config=target.config)
+    prompt = torch.tensor([[1] + list(range(20, 40))])
+    target.generate(prompt, cache=cache, max_new_tokens=6, do_sample=False, assistant_model=draft)
+    assert len(shared_state_for(target).prefixes) == 0
+    forget(target)
+
+
+def test_a_batch_cache_is_refused_when_passed_again(target, draft):
+    """At batch > 1 the speculative loop leaves the caller's cache with rejected drafts' slots and finished rows
+    dropped, unlike plain generate's: passing it to a later call would attend to them, so that is refused."""
+    ids = torch.tensor([[0, 0, 5, 9, 22, 7, 3], [1, 7, 3, 8, 9, 10, 11]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
+    cache = prefilled(target, ids, 4, mask)
+    with pytest.warns(UserWarning, match="must not be passed to a later call"):
+        out = target.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=6, do_sample=False,
+                              assistant_model=draft)
+    following = torch.cat([out, torch.full((2, 1), 30)], 1)
+    for extra in ({"assistant_model": draft}, {}):  # a plain call on the target too
+        with pytest.raises(ValueError, match="cache= .*batch of 2 rows"):
+            target.generate(input_ids=following, attention_mask=torch.cat([mask, torch.ones(2, 7)], 1).long(),
+                            cache=cache, max_new_tokens=4, do_sample=False, **extra)
+
+
 def test_a_cache_holding_the_whole_prompt_is_refused(target, draft):
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="already holds 10 positions, and the prompt has 10"):
+    with pytest.raises(ValueError, match="already holds 10 positions, and the prompt has 10"):
         target.generate(input_ids=PROMPT, cache=prefilled(target, PROMPT, 10), max_new_tokens=4, do_sample=False,
                         assistant_model=draft)
 

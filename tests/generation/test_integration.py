@@ -123,8 +123,8 @@ def test_requested_outputs_that_are_not_produced_warn(target, draft):
     assert out.hidden_states is None and out.attentions is None
     from transformers import DynamicCache
 
-    with pytest.warns(UserWarning, match="target cache is not handed back"):
-        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4,
+    with pytest.warns(UserWarning, match="cache you passed in .* must not be passed to a later call"):
+        target.generate(PROMPT.repeat(2, 1), assistant_model=draft, max_new_tokens=4,
                         cache=DynamicCache(config=target.config))
 
 
