@@ -268,3 +268,34 @@ def test_skinny_pays_measures_once_and_returns_a_decision(monkeypatch):
     measured = len(calls)
     assert isinstance(first, bool) and measured > 0
     assert cpu_kernels.skinny_pays(big, repeats=1) is first and len(calls) == measured  # cached
+
+
+def test_measuring_the_kernels_leaves_the_global_rng_alone(monkeypatch):
+    """A process's first speculative call measures the kernels: it must not advance torch's global RNG, or a seeded
+    sampling call (``torch.manual_seed(0); generate(do_sample=True, ...)``) would draw other tokens the first time."""
+    from hf_dspark import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "_SKINNY_PAYS", {})
+    big = _Headed(2048, 2048)
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    cpu_kernels.skinny_pays(big, repeats=1)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_seeded_sampling_call_draws_the_same_tokens_on_a_process_first_call(monkeypatch):
+    from hf_dspark import cpu_kernels
+
+    target = make_tiny_llama()
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    monkeypatch.setattr(cpu_kernels, "MEASURED_HEAD_ELEMENTS", 0)  # the tiny head is measured, as a real one is
+    monkeypatch.setattr(cpu_kernels, "_SKINNY_PAYS", {})
+    prompt = torch.tensor([[1, 5, 9, 22, 7, 3]])
+    kwargs = {"max_new_tokens": 8, "do_sample": True, "assistant_model": draft, "dspark_isolate": True,
+              "dspark_policy": "fixed", "dspark_lookup": False}
+    draws = []
+    for _ in range(2):  # the first call measures the kernels, the second finds the decision made
+        torch.manual_seed(0)
+        draws.append(target.generate(prompt, **kwargs).tolist())
+    assert draws[0] == draws[1]
