@@ -37,7 +37,7 @@ from ..speculation.processing import RowLogitsProcessor, adapt_for_rows, apply_p
 from ..speculation.ragged_batch import RaggedBatch, fill_from_the_end
 from ..speculation.round import SpeculativeRound, prefill
 from ..speculation.row_tokens import RowTokens
-from ..speculation.shared_state import LONG_MATCH_TOKENS, ScopeState, salt_scope, shared_state_for
+from ..speculation.shared_state import LONG_MATCH_TOKENS, ScopeState, SharedState, salt_scope, shared_state_for
 from ..speculation.verification import verify
 
 logger = logging.getLogger(__name__)
@@ -111,8 +111,9 @@ def _threshold_policy(drafter, num_tokens: int | None, threshold: float | None) 
     return ThresholdPolicy(threshold, num_tokens=num_tokens, max_threshold=math.inf)
 
 
-def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: ScopeState | None, salt: str | None,
-               step_cost, tokenizer, rows: int, sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
+def _round_for(model, drafter, *, shared: SharedState, policy, num_tokens, threshold, lookup, scope: ScopeState | None,
+               salt: str | None, step_cost, tokenizer, rows: int,
+               sequential_top_k) -> tuple[SpeculativeRound, LookupProposer | None]:
     """The round one ``generate`` call runs: explicit limits -> the threshold policy (drafter only); otherwise the
     cost-aware scheduler of the call's salt, remembered across calls, with the lookup proposer unless turned off.
     ``scope`` None: an isolated call (a fresh scheduler and calibrator; no lookup history read or written).
@@ -124,7 +125,6 @@ def _round_for(model, drafter, *, policy, num_tokens, threshold, lookup, scope: 
     raise_if_bad_lookup(lookup)
     if policy is None and (num_tokens is not None or threshold is not None):
         policy = _threshold_policy(drafter, num_tokens, threshold)
-    shared = shared_state_for(model)
     state = scope if scope is not None else ScopeState()
     key = None if scope is None else LookupHistoryKey.for_model(model, tokenizer, salt_scope(salt))
     builder = RoundBuilder(model, drafter, policy if policy is not None else state.policy_for(drafter, lookup),
@@ -192,15 +192,19 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     # lookup only: the drafter never runs, so no context is built for it and the caches kept are a drafter-less
     # entry (a later drafting call must not take a drafter context that stops at this call's prompt)
     call.context_drafter = None if lookup_mode == "only" else drafter
-    scope = None if dspark_isolate else shared_state_for(model).scope(dspark_cache_salt)
+    # the target's shared state, looked up once: a call in flight when forget(target) / disable(target) runs goes on
+    # with what it started with (one round lock with the calls sharing its scheduler) and leaves nothing in the state
+    # the target is given afterwards
+    state = shared_state_for(model)
+    scope = None if dspark_isolate else state.scope(dspark_cache_salt)
     # a caller's cache is theirs: kept in the store, a later call would crop and extend it under their hands
     keeps_prefixes = dspark_prefix_cache and scope is not None and callers_cache is None
-    prefix_key = (_prefix_key(model, call.context_drafter, call, cache, dspark_cache_salt) if keeps_prefixes
+    prefix_key = (_prefix_key(state, call.context_drafter, call, cache, dspark_cache_salt) if keeps_prefixes
                   else None)
     weights, reused = (), None
     if prefix_key is not None:
         weights = weights_signature(model, *[m for m in (call.context_drafter,) if m is not None])
-        reused = shared_state_for(model).prefixes.take(prefix_key, call.tokens.host[0], weights)
+        reused = state.prefixes.take(prefix_key, call.tokens.host[0], weights)
     cache = cache if cache is not None else growing_cache(model.config)
     do_sample = bool(generation_config.do_sample)
     linears = loop_linears(dspark_cpu_linears, model, call.context_drafter)
@@ -208,12 +212,13 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
            else contextlib.nullcontext())
     with linears, tap as tap, torch.no_grad():
         batch, active = call.prefill(model, cache, tap, do_sample, dspark_generator, reused=reused)
-        round_, lookup = _round_for(model, drafter, policy=dspark_policy, num_tokens=dspark_num_tokens,
-                                    threshold=dspark_confidence_threshold, lookup=lookup_mode,
+        round_, lookup = _round_for(model, drafter, shared=state, policy=dspark_policy,
+                                    num_tokens=dspark_num_tokens, threshold=dspark_confidence_threshold,
+                                    lookup=lookup_mode,
                                     scope=scope, salt=dspark_cache_salt, step_cost=dspark_step_cost,
                                     tokenizer=dspark_tokenizer, rows=len(call.tokens),
                                     sequential_top_k=dspark_sequential_top_k)
-        shared = shared_state_for(model).round_lock  # the policy, calibrator and lookup history other calls use too
+        shared = state.round_lock  # the policy, calibrator and lookup history other calls use too
         with shared:
             call.start_lookup(lookup)
         while active:
@@ -222,7 +227,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
                                     generator=dspark_generator, tap=tap, row_ids=active)
                 still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
-                shared_state_for(model).prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
+                state.prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
             kept = fill_from_the_end(len(active), set(range(len(active))) - set(still))  # rows in any order
             batch.keep(kept)
             active = [active[i] for i in kept]
@@ -231,7 +236,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
         with shared:
             call.end_lookup()
         if dspark_step_cost is None and round_.resolved_cost is not None:
-            shared_state_for(model).review_cost(round_.resolved_cost, round_.fastest_step_ratio)
+            state.review_cost(round_.resolved_cost, round_.fastest_step_ratio)
     if callers_cache is not None:
         _leave_callers_cache(callers_cache, call.tokens)
     return call.finish(model)
@@ -268,7 +273,7 @@ def _raise_if_bad_salt(salt, isolate) -> None:
                          "one or the other.")
 
 
-def _prefix_key(model, drafter, call: "_GenerateCall", cache, salt: str | None):
+def _prefix_key(state: SharedState, drafter, call: "_GenerateCall", cache, salt: str | None):
     """The prefix-cache key of this call, or None where caches are not kept: batch > 1 or a padded prompt (slots
     would not be positions), a caller's own non-empty cache, an autoregressive drafter (its context state describes
     the last entry and cannot be cropped)."""
@@ -278,7 +283,7 @@ def _prefix_key(model, drafter, call: "_GenerateCall", cache, salt: str | None):
         return None
     if not holds_croppable_context(drafter):
         return None
-    return shared_state_for(model).prefix_key(salt, drafter)
+    return state.prefix_key(salt, drafter)
 
 
 class _GenerateCall:

@@ -29,9 +29,9 @@ def test_generate_and_the_engine_build_equivalent_rounds(target, draft, policy, 
     a drafter its policy never runs; the engine has a history and calibrator of its own and drops such a drafter."""
     cost = flat_cost()
     scope = shared_state_for(target).scope("builder")
-    ours, proposer = _round_for(target, draft, policy=policy, num_tokens=None, threshold=None, lookup=lookup,
-                                scope=scope, salt="builder", step_cost=cost, tokenizer=None, rows=1,
-                                sequential_top_k=None)
+    ours, proposer = _round_for(target, draft, shared=shared_state_for(target), policy=policy, num_tokens=None,
+                                threshold=None, lookup=lookup, scope=scope, salt="builder", step_cost=cost,
+                                tokenizer=None, rows=1, sequential_top_k=None)
     engine = DSparkEngine(target, draft, policy, sps=cost, lookup=lookup)
     theirs = engine._round
     assert type(ours.policy) is type(theirs.policy) and ours.policy is not theirs.policy

@@ -186,3 +186,27 @@ def test_lookup_only_calls_keep_their_own_entries_and_reuse_them(target, draft):
     generate(target, prompts[-1] + replies[-1] + [5, 6, 7], assistant_model=draft, do_sample=False,
              max_new_tokens=4, dspark_step_cost=flat_cost())
     assert draft.stats.reused_prompt_tokens == 0  # the drafting call found no entry of its own
+
+
+def test_a_call_in_flight_when_its_target_is_forgotten_leaves_nothing_behind(target, draft):
+    """``forget(target)`` (or ``hf_dspark.disable``) from another thread while a call runs: the call goes on with the
+    state it started with (one round lock with the calls sharing its scheduler) and leaves neither caches nor lookup
+    history in what the target remembers from then on."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class ForgetOnce(StoppingCriteria):  # stands in for another thread: runs mid-call, after the prefill
+        called = False
+
+        def __call__(self, input_ids, scores, **kwargs):
+            if not self.called:
+                self.called = True
+                forget(target)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    forget(target)
+    prompt = list(range(3, 43))
+    got = generate(target, prompt, assistant_model=draft, do_sample=False, max_new_tokens=8,
+                   dspark_step_cost=flat_cost(), stopping_criteria=StoppingCriteriaList([ForgetOnce()]))
+    assert got == generate(target, prompt, do_sample=False, max_new_tokens=8)
+    state = shared_state_for(target)
+    assert len(state.prefixes) == 0 and state.history.keys() == []
