@@ -187,7 +187,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     _raise_if_right_padded(model_kwargs.get("attention_mask"))
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
-    _raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
+    raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
     lookup_mode = dspark_lookup if dspark_recorder is None else False
     # lookup only: the drafter never runs, so no context is built for it and the caches kept are a drafter-less
     # entry (a later drafting call must not take a drafter context that stops at this call's prompt)
@@ -263,7 +263,7 @@ def _leave_callers_cache(cache, tokens: RowTokens) -> None:
         setattr(cache, SPENT_CACHE_MARK, len(tokens))
 
 
-def _raise_if_bad_salt(salt, isolate) -> None:
+def raise_if_bad_salt(salt, isolate) -> None:
     if salt is not None and not isinstance(salt, str):
         raise ValueError(f"dspark_cache_salt must be a string (one per user or tenant) or None, got {salt!r}")
     if not isinstance(isolate, bool):

@@ -33,6 +33,7 @@ DSpark-specific ``generate`` keywords (all optional):
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import numbers
@@ -43,13 +44,16 @@ import torch
 
 from ..metrics import DSparkStats
 from ..modeling.modeling import TARGET_BIND_HOOKS
+from ..speculation.builder import raise_if_bad_lookup
 from ..speculation.shared_state import forget
-from .generate import SPENT_CACHE_MARK, dspark_decode
+from .generate import SPENT_CACHE_MARK, dspark_decode, raise_if_bad_salt
 
 logger = logging.getLogger(__name__)
 
 _MARKER = "_hf_dspark_original_generate"
-_DSPARK_KWARGS = ("dspark_num_tokens", "dspark_confidence_threshold")
+#: The DSpark keywords of ``generate`` (``dspark_decode``'s): plain decoding (``dspark_num_tokens=0``) has no use for
+#: them, and transformers refuses a keyword its model does not take (a server passes its users' salts on every call).
+_DSPARK_KWARGS = frozenset(name for name in inspect.signature(dspark_decode).parameters if name.startswith("dspark_"))
 # Settings of transformers' own assisted generation, which a DSpark assistant replaces -> what to use instead
 # (None: nothing; drop it). Ignored, they would change nothing the user asked for without saying so.
 _ASSISTED_GENERATION_SETTINGS = {
@@ -89,6 +93,8 @@ def enable(target) -> None:
             _bind_on_first_use(assistant_model, self)
             _warn_if_outputs_are_dropped(self, args, kwargs)
             if kwargs.get("dspark_num_tokens") == 0:  # no drafting: plain decoding, documented above
+                raise_if_bad_salt(kwargs.get("dspark_cache_salt"), kwargs.get("dspark_isolate", False))
+                raise_if_bad_lookup(kwargs.get("dspark_lookup", True))
                 assistant_model.stats = DSparkStats.new(assistant_model.config.block_size)
                 plain = {k: v for k, v in kwargs.items() if k not in _DSPARK_KWARGS}
                 return original(*args, streamer=streamer, **plain)

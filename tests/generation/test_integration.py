@@ -115,6 +115,23 @@ def test_zero_num_tokens_means_plain_decoding(target, draft, expected, monkeypat
                         generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.parametrize("setting", [
+    {"dspark_cache_salt": "user-42"}, {"dspark_isolate": True}, {"dspark_lookup": False}, {"dspark_prefix_cache": False},
+    {"dspark_cpu_linears": False}, {"dspark_policy": "fixed"}, {"dspark_sequential_top_k": 0},
+], ids=lambda setting: next(iter(setting)))
+def test_zero_num_tokens_takes_the_other_dspark_keywords(target, draft, expected, setting):
+    """A server passes its users' salt (and its other settings) on every call, some with ``dspark_num_tokens=0``:
+    plain decoding has no use for them, and transformers must not see them (it refuses unknown keywords)."""
+    out = target.generate(PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False, dspark_num_tokens=0,
+                          **setting)
+    assert torch.equal(out, expected)
+
+
+def test_zero_num_tokens_still_checks_the_salt(target, draft):
+    with pytest.raises(ValueError, match="dspark_cache_salt must be a string"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, dspark_num_tokens=0, dspark_cache_salt=42)
+
+
 def test_requested_outputs_that_are_not_produced_warn(target, draft):
     with (pytest.warns(UserWarning, match="output_hidden_states and output_attentions requested, but a DSpark"),
           pytest.warns(UserWarning, match="target cache is not handed back")):
