@@ -116,8 +116,9 @@ def test_zero_num_tokens_means_plain_decoding(target, draft, expected, monkeypat
 
 
 @pytest.mark.parametrize("setting", [
-    {"dspark_cache_salt": "user-42"}, {"dspark_isolate": True}, {"dspark_lookup": False}, {"dspark_prefix_cache": False},
-    {"dspark_cpu_linears": False}, {"dspark_policy": "fixed"}, {"dspark_sequential_top_k": 0},
+    {"dspark_cache_salt": "user-42"}, {"dspark_isolate": True}, {"dspark_lookup": False},
+    {"dspark_prefix_cache": False}, {"dspark_cpu_linears": False}, {"dspark_policy": "fixed"},
+    {"dspark_sequential_top_k": 0},
 ], ids=lambda setting: next(iter(setting)))
 def test_zero_num_tokens_takes_the_other_dspark_keywords(target, draft, expected, setting):
     """A server passes its users' salt (and its other settings) on every call, some with ``dspark_num_tokens=0``:
