@@ -37,6 +37,7 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 import types
 import warnings
 
@@ -71,11 +72,21 @@ def is_dspark_drafter(obj) -> bool:
     return obj is not None and callable(getattr(obj, "draft_block", None)) and hasattr(obj, "extend_context")
 
 
-def enable(target) -> None:
-    """Install the generate wrapper on this target instance (idempotent)."""
-    if _MARKER in target.__dict__:
-        return
+#: Held while a wrapper is installed or removed. Why: two threads binding drafters to one target at once would both
+#: find it unwrapped, and the second wrapper, saving the first as "the original", would recurse on every call (each
+#: wrapper reads the original from the same slot of the target's __dict__).
+_INSTALL_LOCK = threading.Lock()
 
+
+def enable(target) -> None:
+    """Install the generate wrapper on this target instance (idempotent, thread-safe)."""
+    with _INSTALL_LOCK:
+        if _MARKER not in target.__dict__:
+            _install(target)
+
+
+def _install(target) -> None:
+    """The wrapper itself (see the module docstring); the caller holds ``_INSTALL_LOCK``."""
     # A method bound to the target, reading the original from the target's own __dict__, never a closure over
     # either: copy.deepcopy(target) rebinds both to the copy, where a closure kept generating with the weights of
     # the target it was copied from (plain calls too).
@@ -117,9 +128,10 @@ def enable(target) -> None:
 def disable(target) -> None:
     """Remove the wrapper installed by :func:`enable` and forget what calls on the target shared (prefix caches,
     lookup history, the schedulers' learning): a target handed back to plain ``generate`` keeps nothing of ours."""
-    if _MARKER in target.__dict__:
-        del target.__dict__["generate"]
-        del target.__dict__[_MARKER]
+    with _INSTALL_LOCK:
+        if _MARKER in target.__dict__:
+            del target.__dict__["generate"]
+            del target.__dict__[_MARKER]
     forget(target)
 
 

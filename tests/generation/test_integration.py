@@ -231,3 +231,36 @@ def test_an_unwritable_cache_folder_warns_once_and_returns_the_same_tokens(expec
     assert torch.equal(unwritable, writable) and torch.equal(unwritable, torch.cat([expected, expected]))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("hf_dspark")]
     assert len(warnings) == 1 and "cannot write the cache folder" in warnings[0]
+
+
+def test_two_threads_enabling_one_target_install_one_wrapper(monkeypatch):
+    """Workers binding their drafters to one shared target at start-up: a second wrapper around the first would
+    read the same saved original (the first wrapper itself) and recurse on every later call."""
+    import functools
+    import types
+
+    from hf_dspark.generation import integration
+
+    target = make_tiny_llama(seed=0)
+    expected = target.generate(PROMPT, max_new_tokens=4, do_sample=False)
+    barrier = threading.Barrier(2, timeout=2)
+
+    def wraps_once_both_have_looked(wrapped):  # both threads past the "already wrapped?" check, if they can be
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:  # the other thread waits until this one has installed its wrapper
+            pass
+        return functools.wraps(wrapped)
+
+    monkeypatch.setattr(integration, "functools", types.SimpleNamespace(wraps=wraps_once_both_have_looked))
+    threads = [threading.Thread(target=integration.enable, args=(target,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monkeypatch.undo()
+    try:
+        assert torch.equal(target.generate(PROMPT, max_new_tokens=4, do_sample=False), expected)
+    finally:
+        integration.disable(target)
+    assert "generate" not in target.__dict__
