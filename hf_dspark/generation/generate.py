@@ -66,15 +66,24 @@ def _raise_if_unsupported(model, generation_config, cache, prompt_length: int) -
     raise_if_unsupported_target(model)
 
 
-def _raise_if_right_padded(attention_mask: torch.Tensor | None) -> None:
-    """The ragged batch takes every row to be left-padded (its prompt ends at the last position): a row whose prompt
-    ends in masked positions was continued with other tokens than plain generate's (which only warns there)."""
-    if attention_mask is None or bool(attention_mask[:, -1].all()):
+def _raise_if_not_left_padded(attention_mask: torch.Tensor | None) -> None:
+    """The ragged batch takes every row to be left-padded (its prompt ends at the last position, its masked
+    positions come first): a row whose prompt ends in masked positions, or has masked positions inside it (a pad id
+    inside a prompt passed without attention_mask: transformers infers one that masks it), was continued with other
+    tokens than plain generate's."""
+    if attention_mask is None:
         return
-    rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
-    raise ValueError(f"attention_mask pads row(s) {rows} on the right (the prompt's last position is masked): with a "
-                     "DSpark assistant_model prompts must be left-padded (tokenizer.padding_side = 'left', as "
-                     "transformers advises for decoder-only models; plain generate only warns).")
+    if not bool(attention_mask[:, -1].all()):
+        rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask pads row(s) {rows} on the right (the prompt's last position is masked): "
+                         "with a DSpark assistant_model prompts must be left-padded (tokenizer.padding_side = "
+                         "'left', as transformers advises for decoder-only models; plain generate only warns).")
+    holes = attention_mask.cummax(dim=1).values > attention_mask  # a masked position after an attended one
+    if bool(holes.any()):
+        rows = holes.any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask masks positions inside the prompt of row(s) {rows}: with a DSpark "
+                         "assistant_model only left padding may be masked. Pass the tokenizer's attention_mask "
+                         "with the input ids (without one, transformers masks every pad_token_id inside a prompt).")
 
 
 class StopRules:
@@ -184,7 +193,7 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     callers_cache = cache if dspark_callers_cache else None
     _raise_if_unsupported(model, generation_config, cache, input_ids.shape[1])
-    _raise_if_right_padded(model_kwargs.get("attention_mask"))
+    _raise_if_not_left_padded(model_kwargs.get("attention_mask"))
     call = _GenerateCall(input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria,
                          generation_config, drafter, dspark_streamer, dspark_recorder)
     raise_if_bad_salt(dspark_cache_salt, dspark_isolate)
@@ -225,7 +234,10 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
             with shared:
                 result = round_.run(batch, call.processor(active), call.budgets(active), do_sample=do_sample,
                                     generator=dspark_generator, tap=tap, row_ids=active)
-                still = call.commit_round(active, result)
+            # NOTE: committing touches only this call's objects (its rows, stats and lookup proposer), and runs the
+            # caller's code (streamer, stopping criteria, recorder), which may wait on another call on this target
+            # (a streamer with back-pressure): outside the lock, as plain generate holds none
+            still = call.commit_round(active, result)
             if not still and prefix_key is not None:  # the call is done: its caches serve the scope's next call
                 state.prefixes.put(prefix_key, call.cached_prefix(batch, round_.drafter, weights))
             kept = fill_from_the_end(len(active), set(range(len(active))) - set(still))  # rows in any order

@@ -101,6 +101,7 @@ def _install(target) -> None:
             return original(*args, assistant_model=assistant_model, streamer=streamer, **extra, **kwargs)
         try:
             _raise_if_invalid_generate_kwargs(assistant_model, args, kwargs, streamer, generator)
+            _raise_if_bad_settings(kwargs, generator, dspark_recorder)
             _bind_on_first_use(assistant_model, self)
             _warn_if_outputs_are_dropped(self, args, kwargs)
             if kwargs.get("dspark_num_tokens") == 0:  # no drafting: plain decoding, documented above
@@ -165,6 +166,32 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
     if streamer is not None and rows > 1:
         raise ValueError(f"streamer= supports batch size 1 only (as in transformers); got a batch of "
                          f"{rows}. Drop streamer= for batched generation.")
+
+
+def _raise_if_bad_settings(kwargs: dict, generator, recorder) -> None:
+    """The other keywords' types, named before decoding: inside the loop a wrong one crashed far from the call (a
+    negative top-k, a recorder without ``observe_round``) or was read as true (``dspark_prefix_cache="no"``)."""
+    from ..scheduling import SPSProfile, StepCostProfile
+
+    top_k = kwargs.get("dspark_sequential_top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0):
+        raise ValueError(f"dspark_sequential_top_k={top_k!r} must be an int >= 0 (0 = the whole draft vocabulary) "
+                         "or None (the drafter config's).")
+    linears = kwargs.get("dspark_cpu_linears")
+    if linears is not None and not isinstance(linears, bool):
+        raise ValueError(f"dspark_cpu_linears={linears!r} must be None, True or False.")
+    prefix_cache = kwargs.get("dspark_prefix_cache", True)
+    if not isinstance(prefix_cache, bool):
+        raise ValueError(f"dspark_prefix_cache={prefix_cache!r} must be True or False.")
+    cost = kwargs.get("dspark_step_cost")
+    if cost is not None and not isinstance(cost, (StepCostProfile, SPSProfile)):
+        raise ValueError(f"dspark_step_cost={cost!r} must be a StepCostProfile (hf_dspark.scheduling) or None "
+                         "(measured on this machine).")
+    if recorder is not None and not callable(getattr(recorder, "observe_round", None)):
+        raise ValueError(f"dspark_recorder={recorder!r} has no observe_round(num_proposed, num_accepted, "
+                         "num_committed, confidence_logits) method (e.g. hf_dspark.evaluation.RoundRecorder).")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator={generator!r} must be a torch.Generator (or None).")
 
 
 def _num_rows(args: tuple, kwargs: dict) -> int:

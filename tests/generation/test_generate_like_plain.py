@@ -198,6 +198,41 @@ def test_concurrent_calls_from_threads_each_equal_plain_and_leave_plain_calls_al
     assert not failures, failures
 
 
+def test_a_streamer_waiting_on_another_call_does_not_stall_it(target, draft):
+    """A streamer with back-pressure (a server's bounded queue) may wait in ``put`` until its consumer, itself waiting
+    on another call on the same target, moves on: plain ``generate`` has no lock to deadlock on, so the tokens a
+    round commits are handed out after the round lets go of the target's shared state."""
+    other_done = threading.Event()
+    failures: list[str] = []
+
+    class WaitsForTheOtherCall:  # the first put after the prompt waits until the other call has finished
+        puts = 0
+
+        def put(self, value):
+            self.puts += 1
+            if self.puts == 3:  # the prompt, the first token (after the prefill), the first round's tokens
+                threading.Thread(target=other_call).start()
+                if not other_done.wait(timeout=60):
+                    failures.append("the other call never finished while this streamer waited")
+
+        def end(self):
+            pass
+
+    def other_call():
+        try:
+            got = target.generate(PROMPT, max_new_tokens=6, do_sample=False, assistant_model=draft)
+            if not torch.equal(got, target.generate(PROMPT, max_new_tokens=6, do_sample=False)):
+                failures.append("the other call's tokens differ from plain generate's")
+        finally:
+            other_done.set()
+
+    prompt = torch.tensor([[1, 7, 3, 8, 9, 10, 11]])
+    got = target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=draft,
+                          streamer=WaitsForTheOtherCall(), dspark_confidence_threshold=0.0)
+    assert torch.equal(got, target.generate(prompt, max_new_tokens=8, do_sample=False))
+    assert other_done.is_set() and not failures, failures
+
+
 @pytest.mark.parametrize("output", ["scores", "logits"])
 def test_scores_of_a_row_that_stopped_early_are_what_plain_generate_returns(target, draft, output):
     ids = torch.tensor([[1, 5, 9, 22], [1, 7, 3, 8]])
@@ -295,6 +330,17 @@ def test_settings_of_transformers_assisted_generation_are_refused(target, draft,
     passed = setting if where == "keyword" else {"generation_config": GenerationConfig(**setting)}
     with pytest.raises(ValueError, match=f"{name}=.*{instead}"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
+
+
+def test_a_prompt_masked_inside_is_refused(target, draft):
+    """A pad id inside a prompt without an attention_mask (transformers infers one that masks it) gave other tokens
+    than plain generate's: the loop takes every row to be left-padded, so a mask with holes is refused."""
+    ids = torch.tensor([[1, 5, 0, 0, 22, 7]])
+    with pytest.raises(ValueError, match=r"attention_mask masks positions inside the prompt of row\(s\) \[0\]"):
+        target.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, assistant_model=draft)
+    mask = torch.tensor([[0, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"row\(s\) \[0\]"):
+        target.generate(torch.cat([ids, ids]), attention_mask=mask, max_new_tokens=4, assistant_model=draft)
 
 
 def test_a_right_padded_prompt_is_refused(target, draft):

@@ -103,6 +103,22 @@ def test_bad_confidence_threshold_is_refused(target, draft, value):
         target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, dspark_confidence_threshold=value)
 
 
+@pytest.mark.parametrize(("keyword", "value", "message"), [
+    ("dspark_sequential_top_k", -1, r"dspark_sequential_top_k=-1 must be an int >= 0"),
+    ("dspark_sequential_top_k", 2.5, r"dspark_sequential_top_k=2.5 must be an int >= 0"),
+    ("dspark_cpu_linears", "x", r"dspark_cpu_linears='x' must be None, True or False"),
+    ("dspark_prefix_cache", "x", r"dspark_prefix_cache='x' must be True or False"),
+    ("dspark_step_cost", "x", r"dspark_step_cost='x' must be a StepCostProfile"),
+    ("dspark_recorder", object(), r"dspark_recorder=.* has no observe_round"),
+    ("generator", 5, r"generator=5 must be a torch.Generator"),
+])
+def test_other_bad_dspark_keywords_are_refused_by_name(target, draft, keyword, value, message):
+    """docs/generate.md: every keyword is checked before decoding and a wrong value raises a ValueError naming it
+    (these crashed inside the loop, or were taken as True)."""
+    with pytest.raises(ValueError, match=message):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=True, **{keyword: value})
+
+
 def test_zero_num_tokens_means_plain_decoding(target, draft, expected, monkeypatch):
     def no_drafting(*args, **kwargs):
         raise AssertionError("drafted with dspark_num_tokens=0")
