@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .arguments import positive_float, positive_int, probability
+
 INTERRUPTED = 130
 QUIT_HINT = "(Ctrl-C again, Ctrl-D or an empty line to quit)"
 
@@ -24,12 +26,12 @@ def add_generate(sub) -> None:
     p.add_argument("--drafter", default=None, help="drafter directory or Hub id, any supported format")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, for comparison")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--sample", action="store_true", help="sample (lossless: rejection sampling) instead of greedy")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--temperature", type=positive_float, default=0.7, help="with --sample")
+    p.add_argument("--top-p", type=probability, default=0.95, help="with --sample")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_generate)
 
 

@@ -9,6 +9,9 @@ import argparse
 import json
 from pathlib import Path
 
+from .arguments import (non_negative_float, non_negative_floats, non_negative_int, non_negative_ints,
+                        positive_float, positive_int, positive_ints)
+
 DTYPE_CHOICES = ["bfloat16", "float16", "float32"]
 EVAL_DIR_HELP = "folder of <benchmark>.jsonl (default: $HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)"
 
@@ -17,14 +20,6 @@ def _device_default() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def _set_threads(threads: int | None) -> None:
@@ -49,10 +44,11 @@ def add_calibrate(sub) -> None:
     p.add_argument("--out", required=True, help="where the calibrated drafter and the report go")
     p.add_argument("--prompts", default="data/smollm2/train.jsonl",
                    help="held-out prompt file (jsonl/json: turns, messages, conversations, prompt, ...)")
-    p.add_argument("--num-prompts", type=int, default=64, help="use the last N records (0 = the whole file)")
-    p.add_argument("--temperature", type=float, default=1.0, help="serving temperature to calibrate for")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--num-prompts", type=non_negative_int, default=64,
+                   help="use the last N records (0 = the whole file)")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="serving temperature to calibrate for")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-dir", default=None,
                    help="evaluation prompts to refuse (default: $HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)")
@@ -62,12 +58,12 @@ def add_calibrate(sub) -> None:
     p.add_argument("--rounds", default=None,
                    help="refit from a calibration_rounds.npz written by an earlier run instead of generating (the "
                         "drafter must be the one that recorded them: its raw confidence logits are reused)")
-    p.add_argument("--rounds-temperature", type=float, default=None,
+    p.add_argument("--rounds-temperature", type=non_negative_float, default=None,
                    help="with --rounds: the serving temperature they were recorded at (for the report)")
     p.add_argument("--temperatures-only", action="store_true",
                    help="fit the paper's per-position temperatures only (default: temperature + offset)")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_calibrate, default_log_level="info", quiet_generate_summaries=True)
 
 
@@ -124,15 +120,15 @@ def add_eval(sub) -> None:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--eval-dir", default=None, help=EVAL_DIR_HELP)
     p.add_argument("--benchmarks", nargs="+", default=list(DEFAULT_BENCHMARKS))
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--max-new-tokens", type=int, default=2048)
-    p.add_argument("--max-samples", type=int, default=None, help="lower every benchmark's cap (CPU runs)")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--temperatures", type=non_negative_float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--max-new-tokens", type=positive_int, default=2048)
+    p.add_argument("--max-samples", type=positive_int, default=None, help="lower every benchmark's cap (CPU runs)")
+    p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--seed", type=int, default=DEEPSPEC_SEED)
-    p.add_argument("--thresholds", type=float, nargs="+", default=list(DEFAULT_THRESHOLDS))
+    p.add_argument("--thresholds", type=non_negative_float, nargs="+", default=list(DEFAULT_THRESHOLDS))
     p.add_argument("--no-speedup", action="store_true", help="skip the plain-generate timing runs")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_eval, default_log_level="info", quiet_generate_summaries=True, parser=p)
 
 
@@ -172,30 +168,31 @@ def add_bench(sub) -> None:
     p.add_argument("--target", default=None, help="target dir / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dflash-drafter", help="trained DFlash drafter dir, for the DSpark/DFlash comparison")
     p.add_argument("--eval-dir", default=None, help=EVAL_DIR_HELP)
-    p.add_argument("--per-benchmark", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--per-benchmark", type=positive_int, default=3)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--temperatures", type=non_negative_floats, default="0,1", help="comma list")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", action="store_true",
                    help="also run plain generate with hf-dspark's CPU kernels and prepacked, hf-dspark with stock "
                         "linears and prepacked, and a bf16 target, and print every configuration's table (τ, cost "
                         "split); each option below implies it")
     p.add_argument("--skip-bf16", action="store_true", help="with --variants: no bf16 target")
-    p.add_argument("--thresholds", default="",
+    p.add_argument("--thresholds", type=non_negative_floats, default="",
                    help="comma list: also run hf-dspark (prepacked) with dspark_confidence_threshold=each")
-    p.add_argument("--unpacked-thresholds", default="",
+    p.add_argument("--unpacked-thresholds", type=non_negative_floats, default="",
                    help="comma list: also run hf-dspark on the stock (not prepacked) fp32 target with "
                         "dspark_confidence_threshold=each")
     p.add_argument("--compare-drafter", default=None,
                    help="a second DSpark drafter dir, run prepacked side by side (at its own threshold and at each "
                         "of --compare-thresholds), e.g. the shipped drafter against a new one")
-    p.add_argument("--compare-thresholds", default="", help="comma list for --compare-drafter")
-    p.add_argument("--num-tokens", default="",
+    p.add_argument("--compare-thresholds", type=non_negative_floats, default="",
+                   help="comma list for --compare-drafter")
+    p.add_argument("--num-tokens", type=non_negative_ints, default="",
                    help="comma list: also run hf-dspark (prepacked) with dspark_num_tokens=each (fixed γ)")
     p.add_argument("--prompts", default=None,
                    help="jsonl of held-out records to use instead of --eval-dir (the last --num-prompts records)")
-    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--num-prompts", type=positive_int, default=8)
     p.add_argument("--prepacked-only", action="store_true",
                    help="only the prepacked plain / hf-dspark configurations (and threshold / γ variants)")
     p.add_argument("--out", default="runs/bench_generate")
@@ -214,10 +211,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise_if_bad_paths(args.target, [args.drafter, args.compare_drafter, args.dflash_drafter])
     torch.set_num_threads(args.threads)
     settings = GenerateBenchSettings(
-        max_new_tokens=args.max_new_tokens, temperatures=_floats(args.temperatures), seed=args.seed,
-        skip_bf16=args.skip_bf16, prepacked_only=args.prepacked_only, thresholds=_floats(args.thresholds),
-        unpacked_thresholds=_floats(args.unpacked_thresholds), num_tokens=_ints(args.num_tokens),
-        compare_thresholds=_floats(args.compare_thresholds), variants=args.variants)
+        max_new_tokens=args.max_new_tokens, temperatures=args.temperatures, seed=args.seed,
+        skip_bf16=args.skip_bf16, prepacked_only=args.prepacked_only, thresholds=args.thresholds,
+        unpacked_thresholds=args.unpacked_thresholds, num_tokens=args.num_tokens,
+        compare_thresholds=args.compare_thresholds, variants=args.variants)
     prompts = (heldout_prompts(args.prompts, args.num_prompts) if args.prompts
                else benchmark_prompts(args.eval_dir, args.per_benchmark, args.seed))  # fails before loading models
     target, tokenizer = load_target(args.target)
@@ -250,6 +247,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------------------------------
 # serve-bench
 # -------------------------------------------------------------------------------------------------------
+def policy_labels(text: str) -> list[str]:
+    """``--policies``: a comma list of serve-bench's labels (a registered policy, ``fixedN``, ``lookup-only``,
+    ``scheduled-nolookup``), refused while parsing: an unknown one failed after the models had loaded."""
+    import argparse
+
+    from ..evaluation.serving_bench import parse_policy
+    from ..scheduling import available_policies
+
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    unknown = [label for label in labels if parse_policy(label, 0.0)[0] not in available_policies()]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown policy {unknown[0]!r}: choose from {', '.join(available_policies())}"
+                                         ", fixedN, lookup-only, scheduled-nolookup")
+    if not labels:
+        raise argparse.ArgumentTypeError("no policy given")
+    return labels
+
+
 def add_serve_bench(sub) -> None:
     from ..evaluation.serving_bench import DEFAULT_POLICIES
 
@@ -262,34 +277,37 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--drafter", help="trained drafter dir (default: the shipped one, else UNTRAINED)")
     p.add_argument("--target", default=None, help="target dir / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--eval-dir", default=None, help=EVAL_DIR_HELP)
-    p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
-    p.add_argument("--policies", default=DEFAULT_POLICIES,
+    p.add_argument("--concurrency", type=positive_ints, default="1,2,4,8,16,32,64", help="comma list")
+    p.add_argument("--policies", type=policy_labels, default=DEFAULT_POLICIES,
                    help="comma list: none, fixedN, fixed, threshold, scheduled (lookup + drafter), scheduled-nolookup, "
                         "lookup-only (no drafter), scheduled-async")
-    p.add_argument("--threshold", type=float, default=0.5, help="confidence threshold of the threshold policy")
-    p.add_argument("--prompts-per-benchmark", type=int, default=8)
-    p.add_argument("--max-prompts", type=int, default=None, help="cap on the total number of distinct prompts")
-    p.add_argument("--max-prompt-tokens", type=int, default=512)
-    p.add_argument("--min-new-tokens", type=int, default=None,
+    p.add_argument("--threshold", type=non_negative_float, default=0.5,
+                   help="confidence threshold of the threshold policy")
+    p.add_argument("--prompts-per-benchmark", type=positive_int, default=8)
+    p.add_argument("--max-prompts", type=positive_int, default=None,
+                   help="cap on the total number of distinct prompts")
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=512)
+    p.add_argument("--min-new-tokens", type=positive_int, default=None,
                    help="request i asks for a number of new tokens drawn from [this, --max-new-tokens] (seeded by i, "
                         "the same stream for every policy): traffic whose answers end at different steps, as real "
                         "answers do (default: every request asks for --max-new-tokens)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--requests-factor", type=float, default=2.0, help="requests per level = factor × C ...")
-    p.add_argument("--min-requests", type=int, default=8, help="... but at least this many")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--requests-factor", type=positive_float, default=2.0,
+                   help="requests per level = factor × C ...")
+    p.add_argument("--min-requests", type=positive_int, default=8, help="... but at least this many")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="runs per (concurrency, policy), order rotated; the summary, table and plot use medians")
     p.add_argument("--prepack", action="store_true", help="oneDNN-prepacked linears (hf_dspark.cpu_kernels)")
     p.add_argument("--stock-linears", action="store_true",
                    help="engines run stock F.linear (DSparkEngine(cpu_linears=False)) instead of the skinny kernel")
-    p.add_argument("--sps-repeats", type=int, default=3, help="timed repeats per step-cost grid point")
+    p.add_argument("--sps-repeats", type=positive_int, default=3, help="timed repeats per step-cost grid point")
     p.add_argument("--step-cost", choices=("engine", "shared"), default="engine",
                    help="engine: every engine measures its own step cost (cached on disk) and corrects it by wall "
                         "time, as DSparkEngine does by default; shared: one table measured up front, fixed for "
                         "every engine (decisions independent of the machine's load during the run)")
-    p.add_argument("--max-prefill-tokens", type=int, default=2048)
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=2048)
     p.add_argument("--interleave", choices=("steps", "runs"), default="steps",
                    help="steps: the policies of one concurrency level run in lock-step, one engine step each in "
                         "turn, each timed on its own clock (a shared machine's drift hits all alike); runs: one "
@@ -298,9 +316,9 @@ def add_serve_bench(sub) -> None:
                    help="prompts: the benchmarks' first turns, C requests in flight; agents: C scripted tool-calling "
                         "agents (hf_dspark.evaluation.agent_script), each sending its next generation on its growing "
                         "conversation as soon as the last one is answered, one cache salt per agent")
-    p.add_argument("--agent-turns", type=int, default=2, help="user turns per agent (4 generations each)")
+    p.add_argument("--agent-turns", type=positive_int, default=2, help="user turns per agent (4 generations each)")
     p.add_argument("--out", default="runs/bench_serving")
-    p.set_defaults(func=cmd_serve_bench, default_log_level="info")
+    p.set_defaults(func=cmd_serve_bench, default_log_level="info", parser=p)
 
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:
@@ -314,6 +332,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     from ..serving import DSparkEngine
     from ..speculation.shared_state import LONG_MATCH_TOKENS
 
+    if args.min_new_tokens is not None and args.min_new_tokens > args.max_new_tokens:
+        args.parser.error(f"--min-new-tokens {args.min_new_tokens} is above --max-new-tokens {args.max_new_tokens}")
     raise_if_bad_paths(args.target, [args.drafter])
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
@@ -327,7 +347,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         sps_cache_dir = str(out_dir / "sps_prepacked")  # same config, different speed: keep its own SPS cache
     drafter = load_drafter(args.drafter, target)
     settings = ServingBenchSettings(
-        levels=_ints(args.concurrency), policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+        levels=args.concurrency, policies=args.policies,
         threshold=args.threshold, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
         requests_factor=args.requests_factor, min_requests=args.min_requests, temperature=args.temperature,
         repeats=args.repeats, max_prefill_tokens=args.max_prefill_tokens,

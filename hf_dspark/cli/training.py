@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from .arguments import non_negative_float, non_negative_int, positive_float, positive_int, probability
+
 DEFAULT_CACHE = "cache/smollm2"
 HEADS = ["markov", "gated", "rnn", "none", "eagle3"]
 
@@ -38,10 +40,11 @@ def add_regenerate(sub) -> None:
                         "from the standard library's functions and classes (prompt_sources.py), requests = "
                         "well-formed chat requests composed from frames and slot lists (chat_requests.py)")
     p.add_argument("--gsm8k-file", default="../shared/train_data/gsm8k_train.jsonl")
-    p.add_argument("--num-requests", type=int, default=4000, help="with --sources requests: how many chat requests")
-    p.add_argument("--num-template", type=int, default=6000)
-    p.add_argument("--num-magpie", type=int, default=1500)
-    p.add_argument("--magpie-max-new-tokens", type=int, default=64,
+    p.add_argument("--num-requests", type=non_negative_int, default=4000,
+                   help="with --sources requests: how many chat requests")
+    p.add_argument("--num-template", type=non_negative_int, default=6000)
+    p.add_argument("--num-magpie", type=non_negative_int, default=1500)
+    p.add_argument("--magpie-max-new-tokens", type=positive_int, default=64,
                    help="length cap of a synthesised request (longer ones are dropped as rambling)")
     p.add_argument("--backend", choices=["generate", "engine"], default="generate",
                    help="answer with batched target.generate, or with the continuous-batching DSparkEngine (a "
@@ -55,13 +58,13 @@ def add_regenerate(sub) -> None:
                         "target then only tokenises and writes Magpie prompts")
     p.add_argument("--model-name", default=None, help="with --endpoint: the served model's name (default: --target)")
     p.add_argument("--api-key", default="EMPTY")
-    p.add_argument("--batch-size", type=int, default=24,
+    p.add_argument("--batch-size", type=positive_int, default=24,
                    help="generate: prompts per batch; engine: requests decoding at once")
-    p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--temperature", type=float, default=0.2,
+    p.add_argument("--max-new-tokens", type=positive_int, default=384)
+    p.add_argument("--temperature", type=non_negative_float, default=0.2,
                    help="the target's recommended sampling (SmolLM2: 0.2, top-p 0.9); 0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--top-p", type=probability, default=0.9)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_regenerate, default_log_level="info", parser=p)
 
@@ -102,18 +105,18 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 # cache
 # -------------------------------------------------------------------------------------------------------
 def _add_cache_options(p, *, full: bool) -> None:
-    p.add_argument("--layers", type=int, nargs="+", default=None,
+    p.add_argument("--layers", type=non_negative_int, nargs="+", default=None,
                    help="0-based target layers to tap (default: DSparkConfig's spread of 5)")
     if not full:
         return
     from ..training.target_cache import MIN_LOSS_TOKENS, STORAGE_DTYPES
 
-    p.add_argument("--max-length", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=positive_int, default=1024)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(STORAGE_DTYPES), help="storage dtype")
-    p.add_argument("--min-loss-tokens", type=int, default=MIN_LOSS_TOKENS)
-    p.add_argument("--shard-size-mb", type=int, default=512)
-    p.add_argument("--limit", type=int, default=None, help="use only the first N records (smoke tests)")
+    p.add_argument("--min-loss-tokens", type=non_negative_int, default=MIN_LOSS_TOKENS)
+    p.add_argument("--shard-size-mb", type=positive_int, default=512)
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N records (smoke tests)")
     p.add_argument("--logsumexp", action="store_true",
                    help="also store the target's per-token log-normaliser (reduced-vocabulary training)")
     p.add_argument("--device", default=None, help="where the target runs (default: cuda if available, else cpu)")
@@ -128,7 +131,7 @@ def add_cache(sub) -> None:
     p.add_argument("--out", required=True, help="cache directory (created, or extended when it exists)")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     _add_cache_options(p, full=True)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_cache, default_log_level="info")
 
 
@@ -167,42 +170,44 @@ def add_train(sub) -> None:
     model.add_argument("--head", default="markov", choices=HEADS,
                        help="sequential head of a DSpark drafter, 'none' for DFlash, or 'eagle3' for the "
                             "autoregressive Eagle3-style baseline (one layer; CE loss like DFlash)")
-    model.add_argument("--num-layers", type=int, default=1)
-    model.add_argument("--block-size", type=int, default=7)
-    model.add_argument("--markov-rank", type=int, default=128,
+    model.add_argument("--num-layers", type=positive_int, default=1)
+    model.add_argument("--block-size", type=positive_int, default=7)
+    model.add_argument("--markov-rank", type=positive_int, default=128,
                        help="rank of W1/W2 (128 keeps a SmolLM2 drafter under 40 MB in bf16)")
     model.add_argument("--init-from", default=None,
                        help="start from this trained drafter's weights (and its architecture / draft vocabulary) "
                             "with a fresh schedule, e.g. to continue a finished run on more data")
-    model.add_argument("--grow-to-layers", type=int, default=None,
+    model.add_argument("--grow-to-layers", type=positive_int, default=None,
                        help="with --init-from: deepen the loaded drafter to this many layers; the new layers start "
                             "as zero-output copies of its last layer, so training resumes from what it proposes")
-    model.add_argument("--draft-vocab-size", type=int, default=None,
+    model.add_argument("--draft-vocab-size", type=positive_int, default=None,
                        help="propose only the N most frequent answer tokens of the cache (default: full vocabulary)")
     length = p.add_argument_group("length (--steps or --epochs sets the schedule; --max-minutes only stops early)")
-    length.add_argument("--steps", type=int, default=None)
-    length.add_argument("--epochs", type=float, default=None)
-    length.add_argument("--max-minutes", type=float, default=None)
+    length.add_argument("--steps", type=positive_int, default=None)
+    length.add_argument("--epochs", type=positive_float, default=None)
+    length.add_argument("--max-minutes", type=positive_float, default=None)
     opt = p.add_argument_group("optimisation")
-    opt.add_argument("--batch-size", type=int, default=1, help="sequences per device per micro-batch")
-    opt.add_argument("--grad-accum", type=int, default=8)
-    opt.add_argument("--lr", type=float, default=6e-4)
-    opt.add_argument("--warmup-ratio", type=float, default=0.04)
-    opt.add_argument("--max-grad-norm", type=float, default=1.0)
-    opt.add_argument("--num-anchors", type=int, default=64, help="blocks per sequence (published: 512, on GPUs)")
-    opt.add_argument("--decay", type=float, default=4.0, help="slot weight w_k = exp(-k / decay)")
-    opt.add_argument("--ce-weight", type=float, default=None, help="default 0.1 (DFlash: 1.0)")
-    opt.add_argument("--l1-weight", type=float, default=None, help="default 0.9 (DFlash: 0)")
-    opt.add_argument("--confidence-weight", type=float, default=None, help="default 1.0 (DFlash: 0)")
-    opt.add_argument("--chunk-blocks", type=int, default=256, help="blocks whose full-vocab logits exist at once")
+    opt.add_argument("--batch-size", type=positive_int, default=1, help="sequences per device per micro-batch")
+    opt.add_argument("--grad-accum", type=positive_int, default=8)
+    opt.add_argument("--lr", type=positive_float, default=6e-4)
+    opt.add_argument("--warmup-ratio", type=non_negative_float, default=0.04)
+    opt.add_argument("--max-grad-norm", type=positive_float, default=1.0)
+    opt.add_argument("--num-anchors", type=positive_int, default=64,
+                     help="blocks per sequence (published: 512, on GPUs)")
+    opt.add_argument("--decay", type=positive_float, default=4.0, help="slot weight w_k = exp(-k / decay)")
+    opt.add_argument("--ce-weight", type=non_negative_float, default=None, help="default 0.1 (DFlash: 1.0)")
+    opt.add_argument("--l1-weight", type=non_negative_float, default=None, help="default 0.9 (DFlash: 0)")
+    opt.add_argument("--confidence-weight", type=non_negative_float, default=None, help="default 1.0 (DFlash: 0)")
+    opt.add_argument("--chunk-blocks", type=positive_int, default=256,
+                     help="blocks whose full-vocab logits exist at once")
     opt.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     run = p.add_argument_group("run")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--save-steps", type=int, default=500)
-    run.add_argument("--save-total-limit", type=int, default=2)
+    run.add_argument("--save-steps", type=positive_int, default=500)
+    run.add_argument("--save-total-limit", type=positive_int, default=2)
     run.add_argument("--resume", action="store_true",
                      help="continue from the newest checkpoint in --out (start fresh if none)")
-    run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    run.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     run.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train, default_log_level="info", parser=p)
 
