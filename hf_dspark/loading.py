@@ -115,9 +115,12 @@ def _load_pretrained(path, dtype: torch.dtype, quantize: str):
         kwargs = {"device_map": "cpu", "quantization_config": (
             BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0) if quantize == "8bit"
             else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype))}
+    from safetensors import SafetensorError
+
     try:
         return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    except (OSError, ValueError, KeyError) as err:  # not a folder, no config.json, unknown architecture, no weights
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # not a folder, no config.json, unknown
+        # architecture, no weights, truncated or damaged weights
         raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} {TARGET_FIX}") from err
 
 

@@ -175,8 +175,12 @@ def test_eval_names_must_match_the_drafters(recorded_loaders, capsys):
     assert recorded_loaders == []  # refused before any model was loaded
 
 
-def test_train_builds_the_cache_then_trains(recorded_loaders, monkeypatch):
+def test_train_builds_the_cache_then_trains(recorded_loaders, monkeypatch, tmp_path):
     from hf_dspark.training import recipe
+
+    monkeypatch.chdir(tmp_path)  # --data files must exist
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text("")
 
     calls = []
     monkeypatch.setattr(recipe, "cache_conversations",

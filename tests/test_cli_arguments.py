@@ -30,7 +30,7 @@ BAD_VALUES = {
                                  ">= 1"),
     "regenerate --batch-size 0": (["regenerate", "--batch-size", "0"], "--batch-size", ">= 1"),
     "regenerate --num-magpie -1": (["regenerate", "--num-magpie", "-1"], "--num-magpie", ">= 0"),
-    "cache --max-length 0": (["cache", "--data", "a", "--out", "o", "--max-length", "0"], "--max-length", ">= 1"),
+    "cache --max-length 0": (["cache", "--max-length", "0", "--data", "a", "--out", "o"], "--max-length", ">= 1"),
     "train --steps 0": (["train", "--steps", "0"], "--steps", ">= 1"),
     "train --lr -1": (["train", "--steps", "1", "--lr", "-1"], "--lr", "> 0"),
     "train --block-size 0": (["train", "--steps", "1", "--block-size", "0"], "--block-size", ">= 1"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def _number(kind: type, text: str):
@@ -65,10 +66,19 @@ def _comma_list(element):
     return parse
 
 
+def existing_file(text: str) -> str:
+    """An input file the command reads: a typo is reported before minutes of model loading, not after."""
+    if not Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}" if not Path(text).exists() else
+                                         f"{text!r} is not a file")
+    return text
+
+
 positive_ints = _comma_list(positive_int)
 non_negative_ints = _comma_list(non_negative_int)
 non_negative_floats = _comma_list(non_negative_float)
 
 
-__all__ = ["non_negative_float", "non_negative_floats", "non_negative_int", "non_negative_ints", "positive_float",
+__all__ = ["existing_file", "non_negative_float", "non_negative_floats", "non_negative_int", "non_negative_ints",
+           "positive_float",
            "positive_int", "positive_ints", "probability"]

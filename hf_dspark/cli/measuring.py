@@ -73,10 +73,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..loading import ModelLoadError, load_drafter, load_target, raise_if_bad_paths
 
     raise_if_bad_paths(args.target, [args.drafter])
+    for path in [args.rounds] if args.rounds else [args.prompts]:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{'--rounds' if args.rounds else '--prompts'} {path!r}: no such file.")
     _set_threads(args.threads)
     if args.rounds:  # no generation: the target is needed only to bind the drafter (no tokenizer)
         target, _ = load_target(args.target, args.dtype, tokenizer=False)
-        drafter = load_drafter(args.drafter, target).model
+        drafter = _calibratable(load_drafter(args.drafter, target).model, args.drafter)
         try:
             trace = load_rounds_for(drafter, args.rounds)
         except ValueError as err:  # rounds of another drafter: the user passed the wrong file
@@ -85,7 +88,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         prompts = held_out_prompts(args.prompts, args.num_prompts or None)
         target, tokenizer = load_target(args.target, args.dtype, device=args.device or _device_default())
-        drafter = load_drafter(args.drafter, target).model
+        drafter = _calibratable(load_drafter(args.drafter, target).model, args.drafter)
         run = calibrate(target, tokenizer, drafter, prompts, temperature=args.temperature,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
                         eval_dir=args.eval_dir, offsets=not args.temperatures_only)
@@ -96,6 +99,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print("offsets:      " + " ".join(f"{b:+.3f}" for b in run.offsets))
     print(f"calibrated drafter written to {written['drafter']}")
     return 0
+
+
+def _calibratable(drafter, path: str):
+    from ..loading import ModelLoadError
+
+    if drafter.confidence_head is None:
+        raise ModelLoadError(f"cannot calibrate the drafter {path!r}: it has no confidence head, so there is nothing "
+                             "to calibrate (DFlash-style drafters verify every draft).")
+    return drafter
 
 
 # -------------------------------------------------------------------------------------------------------

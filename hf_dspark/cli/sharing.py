@@ -8,9 +8,9 @@ import argparse
 def add_convert(sub) -> None:
     p = sub.add_parser("convert", allow_abbrev=False,
                        help="Convert a drafter: to speculators (vLLM) or to hf-dspark's native format.",
-                       description="Reads any format hf-dspark loads (native, DeepSpec, speculators, SpecForge / z-lab, "
-                                   "transformers' DFlash assistants) and writes --to. Exports that vLLM would misread "
-                                   "are refused with the reason.")
+                       description="Reads any format hf-dspark loads (native, DeepSpec, speculators, SpecForge / "
+                                   "z-lab, transformers' DFlash assistants) and writes --to. Exports that vLLM would "
+                                   "misread are refused with the reason.")
     p.add_argument("src", help="drafter directory or Hub id")
     p.add_argument("dst", nargs="?", default=None, help="output directory (not with --check)")
     p.add_argument("--check", action="store_true", help="only report what SRC is: dialect, architecture, heads, "

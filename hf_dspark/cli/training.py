@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import non_negative_float, non_negative_int, positive_float, positive_int, probability
+from .arguments import (existing_file, non_negative_float, non_negative_int, positive_float, positive_int,
+                        probability)
 
 DEFAULT_CACHE = "cache/smollm2"
 HEADS = ["markov", "gated", "rnn", "none", "eagle3"]
@@ -31,8 +32,8 @@ def add_regenerate(sub) -> None:
                                    "the target (or an OpenAI-compatible server). Resumable: rerun to continue.")
     p.add_argument("--out", default="data/smollm2", help="folder for the prompt files and train.jsonl")
     p.add_argument("--target", default=None, help="target model directory or Hub id (default: embedded SmolLM2)")
-    p.add_argument("--prompts", nargs="*", default=[], help="your prompt files (jsonl: turns / conversations / "
-                                                             "messages)")
+    p.add_argument("--prompts", nargs="*", type=existing_file, default=[],
+                   help="your prompt files (jsonl: turns / conversations / messages)")
     p.add_argument("--eval-dir", default=None, help="evaluation prompts that must not be trained on (default: "
                                                      "$HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)")
     p.add_argument("--sources", nargs="*", default=[], choices=["gsm8k", "code", "requests"],
@@ -73,7 +74,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     import torch
 
     from ..evaluation.benchmarks import default_eval_dir
-    from ..loading import load_target
+    from ..loading import load_target, raise_if_bad_paths
     from ..training.regenerate import SamplingSettings
     from ..training.training_set import TrainingSetRecipe, regenerate_training_set
 
@@ -81,6 +82,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         args.parser.error("--endpoint answers on the server; --backend applies to local answering only")
     if args.endpoint and not (args.model_name or args.target):
         args.parser.error("--endpoint needs --model-name (or --target) to name the served model")
+    raise_if_bad_paths(args.target)
     torch.set_num_threads(args.threads)
     needs_model = args.num_magpie or not args.endpoint
     model, tokenizer = load_target(args.target) if needs_model else (None, None)
@@ -127,7 +129,8 @@ def add_cache(sub) -> None:
                        help="Build (or extend) a target cache: tapped-layer outputs of regenerated conversations.",
                        description="Runs the target once over each conversation and stores its tapped layers and "
                                    "final hidden states. Resumable: conversations already cached are skipped.")
-    p.add_argument("--data", nargs="+", required=True, help="jsonl files of {'id', 'messages': [...]} records")
+    p.add_argument("--data", nargs="+", type=existing_file, required=True,
+                   help="jsonl files of {'id', 'messages': [...]} records")
     p.add_argument("--out", required=True, help="cache directory (created, or extended when it exists)")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     _add_cache_options(p, full=True)
@@ -138,9 +141,10 @@ def add_cache(sub) -> None:
 def cmd_cache(args: argparse.Namespace) -> int:
     import torch
 
-    from ..loading import load_target
+    from ..loading import load_target, raise_if_bad_paths
     from ..training.recipe import CacheRecipe, cache_conversations
 
+    raise_if_bad_paths(args.target)
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, device=args.device or _device_default())
@@ -161,7 +165,8 @@ def add_train(sub) -> None:
                                    "on accelerate (one CPU, one GPU, or `accelerate launch` on many). Stops at --steps "
                                    "(or --epochs), or cleanly at --max-minutes with a checkpoint; --resume continues "
                                    "exactly. The drafter is written to <out>/drafter.")
-    p.add_argument("--data", nargs="+", default=None, help="conversation jsonl file(s) to cache first")
+    p.add_argument("--data", nargs="+", type=existing_file, default=None,
+                   help="conversation jsonl file(s) to cache first")
     p.add_argument("--cache", default=DEFAULT_CACHE, help="target cache directory (default: %(default)s)")
     p.add_argument("--out", default="runs/smollm2-dspark", help="run directory: checkpoints, metrics.jsonl, drafter/")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
@@ -215,7 +220,7 @@ def add_train(sub) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from ..loading import load_target
+    from ..loading import load_drafter, load_target, raise_if_bad_paths
     from ..training.recipe import CacheRecipe, DrafterRecipe, TrainingRecipe, cache_conversations, train_drafter
 
     if args.grow_to_layers and not args.init_from:
@@ -224,9 +229,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (args.steps is None) == (args.epochs is None):
         args.parser.error("give exactly one of --steps or --epochs (the LR schedule needs a length; --max-minutes "
                           "only stops early)")
+    raise_if_bad_paths(args.target, [args.init_from])
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, device=_device_default() if args.data else None)
+    if args.init_from:
+        load_drafter(args.init_from, target)  # a drafter of another target: one line, before the cache is built
     if args.data:
         cache_conversations(target, tokenizer, args.data, args.cache, CacheRecipe(layers=args.layers))
     drafter = DrafterRecipe(head=args.head, num_layers=args.num_layers, block_size=args.block_size,

@@ -22,7 +22,7 @@ import torch
 
 from .draft_vocabulary import count_answer_tokens, coverage, most_frequent_tokens
 from .losses import LossConfig
-from .target_cache import (MIN_LOSS_TOKENS, TargetCacheDataset, build_target_cache, read_jsonl,
+from .target_cache import (MIN_LOSS_TOKENS, TargetCacheDataset, TargetCacheError, build_target_cache, read_jsonl,
                            target_logits_function, validate_manifest, write_target_logsumexp)
 from .trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator, steps_for_epochs
 
@@ -176,6 +176,9 @@ def train_drafter(target, cache_dir: str | os.PathLike, out_dir: str | os.PathLi
     drafter_recipe, training = drafter_recipe or DrafterRecipe(), training or TrainingRecipe(steps=1000)
     accelerator = make_accelerator(training.mixed_precision)
     dataset = TargetCacheDataset(cache_dir)
+    if not len(dataset):
+        raise TargetCacheError(f"the target cache {cache_dir} holds no conversations (each needs at least its "
+                               "min_loss_tokens answer tokens): cache more or longer ones (hf-dspark cache --data).")
     drafter, _ = build_drafter(target, cache_dir, dataset.manifest, drafter_recipe, seed=training.seed)
     head = drafter_head(drafter)
     validate_manifest(dataset.manifest, drafter.config)

@@ -43,6 +43,11 @@ from ..modeling.target_taps import TargetFeatureTap
 
 logger = logging.getLogger(__name__)
 
+
+class TargetCacheError(ValueError):
+    """A target cache that cannot be extended or trained on as asked (another target or other settings, a format
+    this version cannot read, no conversations): the message says which and what to do instead."""
+
 CACHE_FORMAT = "hf_dspark.target_cache"
 CACHE_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -155,7 +160,7 @@ def load_manifest(cache_dir: str | os.PathLike) -> dict:
                                 "`hf-dspark cache` (or `hf-dspark train --data ...`).")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != CACHE_FORMAT or manifest.get("format_version", 0) > CACHE_FORMAT_VERSION:
-        raise ValueError(f"{path} is not a target cache this version can read (format "
+        raise TargetCacheError(f"{path} is not a target cache this version can read (format "
                          f"{manifest.get('format')!r} v{manifest.get('format_version')}).")
     return manifest
 
@@ -186,11 +191,12 @@ _RESUME_KEYS = ("target_model_type", "target_layer_ids", "hidden_size", "num_tar
 def _raise_if_cannot_append(existing: dict, fresh: dict, cache_dir: Path) -> None:
     for key in _RESUME_KEYS:
         if existing.get(key) != fresh.get(key):
-            raise ValueError(f"The cache in {cache_dir} was built with {key}={existing.get(key)!r}, but this run "
-                             f"uses {key}={fresh.get(key)!r}. Use a new --out directory or the original settings.")
+            raise TargetCacheError(f"The cache in {cache_dir} was built with {key}={existing.get(key)!r}, but this "
+                                   f"run uses {key}={fresh.get(key)!r}. Use a new --out directory or the original "
+                                   "settings.")
     if not _signatures_match(existing.get("embedding_signature"), fresh.get("embedding_signature")):
-        raise ValueError(f"The cache in {cache_dir} was built from a different target (embedding weights "
-                         "differ). Use a new --out directory.")
+        raise TargetCacheError(f"The cache in {cache_dir} was built from a different target (embedding weights "
+                               "differ). Use a new --out directory.")
 
 
 def _signatures_match(a: list[float] | None, b: list[float] | None) -> bool:
@@ -220,11 +226,11 @@ def validate_manifest(manifest: dict, drafter_config) -> None:
         checks.append(("target_name_or_path", name_cache, name_drafter, "rebuild the cache with this target"))
     for field_name, cached, wanted, fix in checks:
         if wanted is not None and cached != wanted:
-            raise ValueError(f"Target cache mismatch: the cache has {field_name}={cached!r} but the drafter "
-                             f"expects {field_name}={wanted!r}; {fix}.")
+            raise TargetCacheError(f"Target cache mismatch: the cache has {field_name}={cached!r} but the drafter "
+                                   f"expects {field_name}={wanted!r}; {fix}.")
     if not _signatures_match(manifest.get("embedding_signature"), drafter_config.target_embedding_signature):
-        raise ValueError("Target cache mismatch: the cache was built from a target whose embedding weights differ "
-                         "from the drafter's target (same shapes, different model); rebuild the cache.")
+        raise TargetCacheError("Target cache mismatch: the cache was built from a target whose embedding weights "
+                               "differ from the drafter's target (same shapes, different model); rebuild the cache.")
 
 
 # ---------------------------------------------------------------------------------------------------------

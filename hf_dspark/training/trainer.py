@@ -39,6 +39,10 @@ from .target_cache import collate_target_batch
 
 logger = logging.getLogger(__name__)
 
+
+class RunDirectoryError(ValueError):
+    """An output directory whose checkpoints a run would overwrite, or cannot resume exactly from."""
+
 LATEST_NAME = "latest"  # file in output_dir naming the newest complete checkpoint
 STATE_NAME = "trainer_state.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -316,8 +320,8 @@ class DSparkTrainer:
         elif resume:
             logger.info("No checkpoint in %s: starting from scratch.", self.output_dir)
         elif checkpoint is not None:
-            raise ValueError(f"{self.output_dir} already holds checkpoints: resume from them (--resume) or use a "
-                             "new output directory.")
+            raise RunDirectoryError(f"{self.output_dir} already holds checkpoints: resume from them (--resume) or use "
+                                    "a new output directory.")
         end = min(c.max_steps, stop_at_step or c.max_steps)
         self._log_launch()
         self._trim_metrics()
@@ -440,8 +444,8 @@ class DSparkTrainer:
         changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
                    if self._resume_params.get(k) != v}
         if changed and exact:
-            raise ValueError(f"Cannot resume exactly from {path}: settings changed since it was written "
-                             f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
+            raise RunDirectoryError(f"Cannot resume exactly from {path}: settings changed since it was written "
+                                    f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
         weights = load_file(path / "model.safetensors")  # load_state_dict copies onto the device
         self.drafter.load_state_dict(weights, strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
