@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from ..cpu_kernels import loop_kernels, prepack_linears
 from ..training.prompts import read_prompts
@@ -140,9 +141,11 @@ def _timed_generate(model, ids, **kwargs):
 
 
 def run_generate_bench(tokenizer, configs: dict[str, tuple[object, dict, str]], prompts: list[tuple[str, str]],
-                       settings: GenerateBenchSettings) -> list[dict]:
-    """One result row per (temperature, configuration): tok/s, ratios, greedy identity, τ and the cost split."""
+                       settings: GenerateBenchSettings, progress: bool = True) -> list[dict]:
+    """One result row per (temperature, configuration): tok/s, ratios, greedy identity, τ and the cost split;
+    ``progress``: a bar over (temperature, prompt) pairs on stderr."""
     results = []
+    bar = tqdm(total=len(settings.temperatures) * len(prompts), desc="bench", unit="prompt", disable=not progress)
     for temperature in settings.temperatures:
         sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature}
         runs = {name: {"seconds": [], "tokens": [], "stats": [], "identical": True} for name in configs}
@@ -166,8 +169,10 @@ def run_generate_bench(tokenizer, configs: dict[str, tuple[object, dict, str]], 
                 if temperature == 0:
                     reference.setdefault(id(model), new)
                     run["identical"] &= torch.equal(reference[id(model)], new)
+            bar.update()
         results += [_result_row(name, base, runs, temperature) for name, (_, _, base) in configs.items()
                     if runs[name]["seconds"]]
+    bar.close()
     return results
 
 

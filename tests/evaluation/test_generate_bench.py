@@ -111,3 +111,14 @@ def test_prompts_from_the_benchmarks_or_held_out_records(tmp_path):
     assert heldout_prompts(held, 2) == [("math", "q2"), ("math", "q3")]
     with pytest.raises(FileNotFoundError, match="gsm8k.jsonl not found"):
         benchmark_prompts(tmp_path / "missing", 1, 0)
+
+
+def test_the_runs_show_a_progress_bar(tiny_target, tiny_drafter, capsys):
+    """``hf-dspark bench`` runs for minutes (the README's main job): a bar per prompt and temperature says how far."""
+    settings = GenerateBenchSettings(max_new_tokens=2, temperatures=[0.0, 1.0])
+    configs = build_configs(tiny_target, tiny_drafter, settings)
+    run_generate_bench(WordTokenizer(), configs, [("gsm8k", "w5 w17 w33"), ("mt-bench", "w8 w9")], settings)
+    err = capsys.readouterr().err
+    assert "bench: 100%" in err and "4/4" in err
+    run_generate_bench(WordTokenizer(), configs, [("gsm8k", "w5")], settings, progress=False)
+    assert "bench" not in capsys.readouterr().err
