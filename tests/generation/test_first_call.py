@@ -43,6 +43,9 @@ def test_a_cached_table_is_used_without_a_spot_check_and_kept_when_the_steps_con
         raise AssertionError("a cached table was spot-checked before the call's first token")
 
     monkeypatch.setattr(step_cost, "_measured_on_a_busy_machine", no_spot_check)
+    # the first call measured the table on a machine other tests may load unevenly: the steps here "confirm" it
+    # however they compare (the review's threshold has a test of its own below), so the test reads no timing
+    monkeypatch.setattr(step_cost, "STALE_PROFILE_FACTOR", 1e9)
     assert torch.equal(target.generate(PROMPT, assistant_model=draft, **KWARGS), expected)
     table = cached_table(target)
     assert table.metadata["source"] == "cache" and Path(table.metadata["cache_file"]).is_file()
