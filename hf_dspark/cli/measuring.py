@@ -43,7 +43,8 @@ def add_calibrate(sub) -> None:
     p.add_argument("--drafter", required=True, help="drafter directory to calibrate")
     p.add_argument("--out", required=True, help="where the calibrated drafter and the report go")
     p.add_argument("--prompts", default="data/smollm2/train.jsonl",
-                   help="held-out prompt file (jsonl/json: turns, messages, conversations, prompt, ...)")
+                   help="held-out prompt file (jsonl/json: turns, messages, conversations, prompt, ...); default: "
+                        "%(default)s, whose tail the SmolLM2 recipe keeps out of its cache (hf-dspark cache --limit)")
     p.add_argument("--num-prompts", type=non_negative_int, default=64,
                    help="use the last N records (0 = the whole file)")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="serving temperature to calibrate for")
