@@ -337,3 +337,22 @@ def test_a_missing_target_path_fails_before_the_drafter_is_read(no_target_loadin
     assert run(["convert", "--check", str(qwen3_drafter_dir[0]), "--target", str(tmp_path / "nonexistent")]) == 2
     err = _one_line_error(capsys, "convert")
     assert f"cannot load the target '{tmp_path / 'nonexistent'}': no such file or directory." in err
+
+
+@pytest.mark.parametrize("command", ["convert", "push --dry-run"])
+def test_an_output_folder_holding_other_files_is_refused(command, qwen3_drafter_dir, tmp_path, capsys):
+    """convert / push --dry-run wrote over the config.json and model.safetensors of any folder they were given (a
+    target's, say), and into a path that was a file they reported success."""
+    src, _ = qwen3_drafter_dir
+    taken = tmp_path / "target"
+    taken.mkdir()
+    (taken / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "file").write_text("")
+    for dst, problem in ((taken, "is not empty"), (tmp_path / "file", "is a file")):
+        argv = (["convert", str(src), str(dst), "--to", "native"] if command == "convert"
+                else ["push", str(src), "org/name", "--dry-run", str(dst)])
+        assert run(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"'{dst}' {problem}" in err.splitlines()[-1]
+    assert (taken / "config.json").read_text() == '{"model_type": "llama"}'
+    assert run(["convert", str(src), str(tmp_path / "empty-ok"), "--to", "native"]) == 0

@@ -74,11 +74,23 @@ def existing_file(text: str) -> str:
     return text
 
 
+def new_folder(text: str) -> str:
+    """An output folder a command writes a model into: absent or empty. Any other folder (a target's, a previous
+    run's) would have its config.json and weights overwritten, and a file path failed after reporting success."""
+    path = Path(text).expanduser()
+    if path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file: give a new or empty folder")
+    if path.is_dir() and any(path.iterdir()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not empty: give a new or empty folder (its files would be "
+                                         "overwritten)")
+    return text
+
+
 positive_ints = _comma_list(positive_int)
 non_negative_ints = _comma_list(non_negative_int)
 non_negative_floats = _comma_list(non_negative_float)
 
 
-__all__ = ["existing_file", "non_negative_float", "non_negative_floats", "non_negative_int", "non_negative_ints",
-           "positive_float",
+__all__ = ["existing_file", "new_folder", "non_negative_float", "non_negative_floats", "non_negative_int",
+           "non_negative_ints", "positive_float",
            "positive_int", "positive_ints", "probability"]

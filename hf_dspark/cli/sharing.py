@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .arguments import new_folder
+
 
 def add_convert(sub) -> None:
     p = sub.add_parser("convert", allow_abbrev=False,
@@ -12,7 +14,8 @@ def add_convert(sub) -> None:
                                    "z-lab, transformers' DFlash assistants) and writes --to. Exports that vLLM would "
                                    "misread are refused with the reason.")
     p.add_argument("src", help="drafter directory or Hub id")
-    p.add_argument("dst", nargs="?", default=None, help="output directory (not with --check)")
+    p.add_argument("dst", nargs="?", type=new_folder, default=None,
+                   help="output directory, new or empty (not with --check)")
     p.add_argument("--check", action="store_true", help="only report what SRC is: dialect, architecture, heads, "
                                                         "vocabulary, taps, block convention, what loads / exports "
                                                         "and what is refused and why (exit 1 when refused; 2, with "
@@ -70,7 +73,8 @@ def add_push(sub) -> None:
     p.add_argument("--revision", default=None)
     p.add_argument("--create-pr", action="store_true")
     p.add_argument("--commit-message", default=None)
-    p.add_argument("--dry-run", metavar="DIR", default=None, help="write the upload to DIR instead of pushing")
+    p.add_argument("--dry-run", metavar="DIR", type=new_folder, default=None,
+                   help="write the upload to DIR (new or empty) instead of pushing")
     p.set_defaults(func=cmd_push)
 
 
