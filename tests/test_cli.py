@@ -160,6 +160,9 @@ def test_eval_hands_every_option_to_the_harness(recorded_loaders, monkeypatch, t
         return Result()
 
     monkeypatch.setattr(harness, "evaluate", fake_evaluate)
+    monkeypatch.setenv("HF_DSPARK_EVAL_DIR", str(tmp_path))  # the benchmark files are checked before loading
+    for name in ("gsm8k", "alpaca"):
+        (tmp_path / f"{name}.jsonl").write_text('{"turns": ["Hi"]}\n')
     assert run(["eval", "--drafter", "d", "--baseline-drafter", "b", "--benchmarks", "gsm8k", "alpaca",
                 "--max-samples", "3", "--temperatures", "0", "--out", str(tmp_path), "--no-plots", "--no-speedup",
                 "--device", "cpu"]) == 0
@@ -356,3 +359,24 @@ def test_an_output_folder_holding_other_files_is_refused(command, qwen3_drafter_
         assert "Traceback" not in err and f"'{dst}' {problem}" in err.splitlines()[-1]
     assert (taken / "config.json").read_text() == '{"model_type": "llama"}'
     assert run(["convert", str(src), str(tmp_path / "empty-ok"), "--to", "native"]) == 0
+
+
+@pytest.mark.parametrize("argv", [["eval", "--drafter", "d", "--out", "o", "--benchmarks", "gsm8k", "no-such-bench"],
+                                  ["serve-bench", "--out", "o"]], ids=["eval", "serve-bench"])
+def test_missing_benchmark_files_fail_before_any_model_loads(argv, recorded_loaders, tmp_path, monkeypatch, capsys):
+    (tmp_path / "gsm8k.jsonl").write_text('{"turns": ["What is 2 + 2?"]}\n')
+    monkeypatch.setenv("HF_DSPARK_EVAL_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert run(argv) == 2
+    err = _one_line_error(capsys, argv[0])
+    assert ".jsonl not found" in err and "gsm8k.jsonl not found" not in err
+    assert recorded_loaders == []
+
+
+def test_a_missing_benchmark_file_names_each_folder_once(monkeypatch, tmp_path):
+    from hf_dspark.evaluation import benchmarks
+
+    monkeypatch.delenv("HF_DSPARK_EVAL_DIR", raising=False)
+    monkeypatch.setattr(benchmarks, "eval_dir_candidates", lambda: [tmp_path / "a", tmp_path / "a"])
+    with pytest.raises(FileNotFoundError, match=rf"\(looked in {tmp_path / 'a'}\)"):
+        benchmarks.benchmark_path("gsm8k")

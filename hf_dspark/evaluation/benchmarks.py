@@ -61,7 +61,7 @@ def benchmark_path(name: str, eval_dir: str | os.PathLike | None = None) -> Path
     directory = Path(eval_dir) if eval_dir is not None else default_eval_dir()
     path = directory / f"{name}.jsonl"
     if not path.is_file():
-        looked = str(directory) if eval_dir is not None else ", ".join(map(str, eval_dir_candidates()))
+        looked = str(directory) if eval_dir is not None else ", ".join(dict.fromkeys(map(str, eval_dir_candidates())))
         raise FileNotFoundError(f"benchmark file {name}.jsonl not found (looked in {looked}): set ${EVAL_DIR_ENV} "
                                 "(or pass --eval-dir) to a folder of <benchmark>.jsonl files with 'turns' records, "
                                 "e.g. the repository's ../shared/eval_datasets.")
