@@ -99,8 +99,12 @@ def gather_prompts(model, tokenizer, out_dir: str | os.PathLike, recipe: Trainin
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     template_file = out / "prompts_template.jsonl"
-    if not template_file.exists():
-        _write_prompts(template_file, synthesise_template_prompts(recipe.num_template, seed=recipe.seed, guard=guard))
+    written = read_prompts(template_file) if template_file.exists() else None
+    if written is None or len(written) < recipe.num_template:  # a first run, or a rerun asking for more: the same
+        # seed synthesises the earlier prompts first, so what was answered stays in the set
+        fresh = synthesise_template_prompts(recipe.num_template, seed=recipe.seed, guard=guard)
+        if written is None or len(fresh) > len(written):
+            _write_prompts(template_file, fresh)
     magpie_file = out / "prompts_magpie.jsonl"
     if recipe.num_magpie:  # resumable: continues an interrupted synthesis from the prompts already written
         synthesise_magpie_prompts(model, tokenizer, recipe.num_magpie, seed=recipe.seed, system_prompts=MAGPIE_SYSTEMS,

@@ -68,3 +68,14 @@ def test_answers_from_the_target_into_train_jsonl(tmp_path):
     assert all(r["messages"][1]["role"] == "assistant" for r in records)
     regenerate_training_set(target, tokenizer, tmp_path / "out", recipe, tmp_path / "eval", batch_size=2)
     assert len(train.read_text().splitlines()) == 3  # resumable: nothing answered twice
+
+
+def test_a_rerun_asking_for_more_templated_prompts_gets_them(tmp_path):
+    """The templated prompts are written once for reruns; a rerun with a larger --num-template read the smaller
+    file back and silently answered only the prompts of the first run (0 after a first run with 0)."""
+    guard = EvalOverlapGuard([])
+    assert gather_prompts(None, None, tmp_path, TrainingSetRecipe(num_template=0, num_magpie=0), guard) == []
+    first = gather_prompts(None, None, tmp_path, TrainingSetRecipe(num_template=3, num_magpie=0), guard)
+    more = gather_prompts(None, None, tmp_path, TrainingSetRecipe(num_template=5, num_magpie=0), guard)
+    assert len(first) == 3 and len(more) == 5 and more[:3] == first  # the same seed: the first run's come first
+    assert gather_prompts(None, None, tmp_path, TrainingSetRecipe(num_template=2, num_magpie=0), guard) == first[:2]
