@@ -145,3 +145,20 @@ def test_a_missing_input_file_fails_before_loading(command, no_target_loading, t
     assert run(argv + [option, str(tmp_path / "missing")]) == 2
     err = _one_line_error(capsys, name)
     assert str(tmp_path / "missing") in err and ("no such file" in err or "no such file or directory" in err)
+
+
+@pytest.mark.parametrize("command", ["regenerate", "calibrate"])
+def test_prompts_overlapping_the_evaluation_sets_are_one_error_line(command, saved, tmp_path, capsys):
+    question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "gsm8k.jsonl").write_text(json.dumps({"turns": [question]}) + "\n")
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"turns": [question]}) + "\n")
+    common = ["--target", str(saved / "llama"), "--eval-dir", str(tmp_path / "eval"), "--threads", "1"]
+    torch.manual_seed(0)
+    DSparkDraftModel.from_target(make_tiny_llama(), num_layers=1, block_size=4).save_pretrained(tmp_path / "drafter")
+    argv = {"regenerate": ["regenerate", "--out", str(tmp_path / "out"), "--prompts", str(tmp_path / "mine.jsonl"),
+                           "--num-template", "0", "--num-magpie", "0"],
+            "calibrate": ["calibrate", "--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"),
+                          "--prompts", str(tmp_path / "mine.jsonl")]}[command]
+    assert run(argv + common) == 2
+    assert "overlap the evaluation sets" in _one_line_error(capsys, command)

@@ -52,16 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes a user fixes by changing the command (a bad path, a drafter for another target, a refused export,
-    a target cache of another target, a used run folder, missing benchmark prompts): reported as one line, exit
-    code 2. Anything else is a bug and keeps its traceback."""
+    a target cache of another target, a used run folder, prompts overlapping the evaluation sets, missing benchmark
+    prompts): reported as one line, exit code 2. Anything else is a bug and keeps its traceback."""
     from ..hub.export import SpeculatorsExportError
     from ..loading import ModelLoadError
     from ..modeling.checkpoint_files import CheckpointError
+    from ..training.prompts import EvalOverlapError
     from ..training.target_cache import TargetCacheError
     from ..training.trainer import RunDirectoryError
 
     return (ModelLoadError, CheckpointError, SpeculatorsExportError, TargetCacheError, RunDirectoryError,
-            FileNotFoundError, NotADirectoryError)
+            EvalOverlapError, FileNotFoundError, NotADirectoryError)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:

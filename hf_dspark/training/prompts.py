@@ -83,6 +83,10 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^\w\s]", " ", text.lower())).strip()
 
 
+class EvalOverlapError(ValueError):
+    """Training or calibration prompts that overlap the evaluation sets: the message quotes one."""
+
+
 class EvalOverlapGuard:
     """Detects training prompts that are, or copy a long span of, an evaluation prompt.
 
@@ -123,8 +127,8 @@ class EvalOverlapGuard:
     def raise_if_overlapping(self, prompts: Iterable[Prompt]) -> None:
         bad = [p.first_turn[:80] for p in prompts if any(self.overlaps(t) for t in p.turns)]
         if bad:
-            raise ValueError(f"{len(bad)} training prompt(s) overlap the evaluation sets (e.g. {bad[0]!r}); "
-                             "remove them: a drafter must never be trained on its evaluation prompts.")
+            raise EvalOverlapError(f"{len(bad)} training prompt(s) overlap the evaluation sets (e.g. {bad[0]!r}); "
+                                   "remove them: a drafter must never be trained on its evaluation prompts.")
 
 
 # ---------------------------------------------------------------------------------------------------------

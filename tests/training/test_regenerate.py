@@ -108,7 +108,7 @@ def _own_prompts(tmp_path):
     return path
 
 
-def test_script_answers_your_prompts_with_your_target(tmp_path):
+def test_script_answers_your_prompts_with_your_target(tmp_path, capsys):
     model, tok = make_tiny_llama(seed=0), make_chat_tokenizer()
     model.save_pretrained(tmp_path / "target")
     tok.save_pretrained(tmp_path / "target")
@@ -124,8 +124,9 @@ def test_script_answers_your_prompts_with_your_target(tmp_path):
     _regenerate_script().main(args)  # resumed: nothing left to answer
     assert len((tmp_path / "out" / "train.jsonl").read_text().splitlines()) == 3
     (tmp_path / "eval" / "bench.jsonl").write_text(json.dumps({"turns": ["what red cat"]}) + "\n")
-    with pytest.raises(ValueError, match="overlap the evaluation"):
+    with pytest.raises(SystemExit) as exit_:  # a user's mistake: one error line, exit code 2
         _regenerate_script().main([*args, "--out", str(tmp_path / "other")])
+    assert exit_.value.code == 2 and "overlap the evaluation" in capsys.readouterr().err
 
 
 def test_script_answers_through_an_openai_compatible_endpoint(tmp_path):
