@@ -239,6 +239,7 @@ def _template_values(draft, info: DraftCardInfo, repo_id: str | None) -> dict[st
         "draft_vocabulary": (f"{config.draft_vocab_size:,} most frequent answer tokens of the target's "
                              f"{config.target_config.get('vocab_size', 0):,} (q = 0 elsewhere; still lossless)"
                              if config.draft_vocab_size else "the target's full vocabulary"),
+        "draft_vocab_size": config.draft_vocab_size,  # a reduced one exports the target's LM head rows: --target
         "sequential_head": _sequential_head_row(config),
         "confidence_head": ("yes: c_k estimates P(draft k accepted, given drafts before it were)"
                             if config.use_confidence_head else "no"),

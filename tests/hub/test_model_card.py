@@ -168,3 +168,17 @@ def test_layer_row_names_the_drafters_own_layer_style_not_the_targets_family():
     assert "| draft layers | 1 (qwen3-style, sized like the target) |" in text
     draft.config.draft_layer_style = "target"  # a drafter built with the target family's own layer
     assert "| draft layers | 1 (llama-style, sized like the target) |" in str(render_model_card(draft, DraftCardInfo()))
+
+
+def test_the_export_command_of_a_reduced_vocabulary_drafter_names_its_target():
+    """A reduced draft vocabulary exports the target LM head's rows, so `hf-dspark convert` needs --target: the
+    shipped card's command failed as written (the export is refused without it)."""
+    target = make_tiny_qwen3()
+    target.name_or_path = "Qwen/Qwen3-0.6B"
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8)
+    full = str(render_model_card(draft, repo_id="org/full"))
+    assert "hf-dspark convert org/full ./full-speculators --to speculators\n" in full
+    small = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8, draft_vocab=range(32))
+    reduced = str(render_model_card(small, repo_id="org/small"))
+    assert "hf-dspark convert org/small ./small-speculators --to speculators --target Qwen/Qwen3-0.6B\n" in reduced
