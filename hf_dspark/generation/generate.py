@@ -101,14 +101,24 @@ class StopRules:
             else:
                 self.others.append(criterion)
 
-    def commit(self, tokens: RowTokens, row: int, new: list[int]) -> tuple[int, bool]:
-        """Append ``new`` to the row one token at a time; returns (tokens committed, whether the row stopped)."""
+    def commit(self, tokens: RowTokens, row: int, new: list[int], kept: list | None = None,
+               new_scores: torch.Tensor | None = None) -> tuple[int, bool]:
+        """Append ``new`` to the row one token at a time; returns (tokens committed, whether the row stopped).
+
+        A criterion gets ``scores`` as plain ``generate`` hands it: None, or where the call keeps scores
+        (``output_scores`` with ``return_dict_in_generate``) the steps' processed logits so far, one [1, V] each:
+        ``kept`` (the row's earlier steps) and ``new_scores`` [len(new), V] (this round's)."""
         for i, token in enumerate(new):
             tokens.append(row, [token])
             length = tokens.lengths[row]
-            if token in self.eos_ids or (self.max_length is not None and length >= self.max_length):
-                return i + 1, True
-            if self.others and any(bool(c(tokens.view(row)[None], None).any()) for c in self.others):
+            stop = token in self.eos_ids or (self.max_length is not None and length >= self.max_length)
+            if self.others:  # every criterion sees every step, the last one too, as in plain generate
+                scores = None
+                if kept is not None and new_scores is not None:
+                    scores = tuple(s[None] for s in kept) + tuple(new_scores[j: j + 1] for j in range(i + 1))
+                verdicts = [bool(c(tokens.view(row)[None], scores).any()) for c in self.others]
+                stop = stop or any(verdicts)
+            if stop:
                 return i + 1, True
         return len(new), False
 
@@ -162,8 +172,8 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     "only": lookup without running the drafter) and ``dspark_step_cost`` (a ``StepCostProfile`` instead of
     measuring) tune it.
 
-    Calls on one target share, by default, what makes an agent's next turn fast (``speculation/shared_state.py``): the lookup history
-    (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a batch-1 call, its
+    Calls on one target share, by default, what makes an agent's next turn fast (``speculation/shared_state.py``):
+    the lookup history (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a batch-1 call, its
     caches, so the next call prefills only the part of its prompt that is new (``prefix_cache.py``). A caller
     serving several users passes ``dspark_cache_salt`` (one string per user): calls with different salts share
     nothing, since acceptance timing and cache hits can reveal another user's text. ``dspark_isolate=True`` shares
@@ -358,7 +368,7 @@ class _GenerateCall:
         self.stats.prefill_seconds += time.perf_counter() - start
         active = []
         for b, token in enumerate(first.tolist()):
-            _, finished = self.stop.commit(tokens, b, [token])
+            _, finished = self.stop.commit(tokens, b, [token], self._kept(b), processed["logits"][b:b + 1])
             self._record(b, processed["logits"][b:b + 1], raw[b:b + 1])
             if not finished:
                 active.append(b)
@@ -388,7 +398,7 @@ class _GenerateCall:
         """Commit each row's tokens with the stopping rules; returns the batch positions of rows still running."""
         committed, still = [], []
         for i, b in enumerate(active):
-            n, finished = self.stop.commit(self.tokens, b, result.tokens[i])
+            n, finished = self.stop.commit(self.tokens, b, result.tokens[i], self._kept(b), result.target_logits[i])
             committed.append(n)
             if self.scores is not None or self.raw_logits is not None:  # slices only when someone keeps them
                 self._record(b, result.target_logits[i, :n], result.raw_logits[i, :n])
@@ -418,6 +428,9 @@ class _GenerateCall:
         if self.lookup is not None:
             for b in range(len(self.tokens)):  # this call's text becomes lookup history for later calls with its key
                 self.lookup.end_row(b, keep_in_history=True)
+
+    def _kept(self, row: int) -> list | None:
+        return None if self.scores is None else self.scores[row]
 
     def _record(self, row: int, processed: torch.Tensor, raw: torch.Tensor) -> None:
         if self.scores is not None:

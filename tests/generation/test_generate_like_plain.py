@@ -349,3 +349,47 @@ def test_a_right_padded_prompt_is_refused(target, draft):
     with pytest.raises(ValueError, match=r"attention_mask pads row\(s\) \[1\] on the right.*padding_side"):
         target.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=4, do_sample=False,
                         assistant_model=draft)
+
+
+class _ScoreReader:
+    """A stopping criterion that reads ``scores`` (None, or the steps' processed logits so far where the call keeps
+    scores): it keeps what it was handed and stops once the last step chose by a margin below ``margin``."""
+
+    def __init__(self, margin: float):
+        self.margin, self.seen = margin, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.seen.append(scores if scores is None else [s.clone() for s in scores])
+        if scores is None:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        top2 = scores[-1].float().topk(2, dim=-1).values
+        return (top2[:, 0] - top2[:, 1]) < self.margin
+
+
+@pytest.mark.filterwarnings("ignore:The target cache is not handed back")
+@pytest.mark.parametrize("keep_scores", [False, True])
+def test_a_stopping_criterion_reading_scores_is_handed_them_as_in_plain_generate(target, draft, keep_scores):
+    from transformers import StoppingCriteriaList
+
+    kwargs = {"max_new_tokens": 16, "do_sample": False}
+    if keep_scores:
+        kwargs.update(return_dict_in_generate=True, output_scores=True)
+    margin = 0.0
+    while True:  # a margin that stops the call somewhere inside its 16 tokens
+        plain = _ScoreReader(margin)
+        expected = target.generate(PROMPT, stopping_criteria=StoppingCriteriaList([plain]), **kwargs)
+        if not keep_scores or len(plain.seen) < 16 or margin > 10:
+            break
+        margin += 0.25
+    ours = _ScoreReader(margin)
+    got = target.generate(PROMPT, stopping_criteria=StoppingCriteriaList([ours]), assistant_model=draft,
+                          dspark_lookup=False, dspark_policy="fixed", **kwargs)
+    sequences = (got.sequences, expected.sequences) if keep_scores else (got, expected)
+    assert torch.equal(*sequences)
+    assert len(ours.seen) == len(plain.seen) == sequences[1].shape[1] - PROMPT.shape[1]
+    for mine, theirs in zip(ours.seen, plain.seen):
+        if theirs is None:
+            assert mine is None
+            continue
+        assert len(mine) == len(theirs)
+        assert all(a.shape == b.shape and torch.allclose(a, b, atol=1e-4) for a, b in zip(mine, theirs))
