@@ -173,8 +173,9 @@ def dspark_decode(model, input_ids: torch.LongTensor, logits_processor=None, sto
     measuring) tune it.
 
     Calls on one target share, by default, what makes an agent's next turn fast (``speculation/shared_state.py``):
-    the lookup history (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a batch-1 call, its
-    caches, so the next call prefills only the part of its prompt that is new (``prefix_cache.py``). A caller
+    the lookup history (earlier calls' output to copy drafts from), the scheduler's learned acceptance, and, for a
+    batch-1 call, its caches, so the next call prefills only the part of its prompt that is new
+    (``prefix_cache.py``). A caller
     serving several users passes ``dspark_cache_salt`` (one string per user): calls with different salts share
     nothing, since acceptance timing and cache hits can reveal another user's text. ``dspark_isolate=True`` shares
     nothing at all; ``dspark_prefix_cache=False`` keeps no caches (lookup history still shared).
