@@ -380,3 +380,17 @@ def test_a_missing_benchmark_file_names_each_folder_once(monkeypatch, tmp_path):
     monkeypatch.setattr(benchmarks, "eval_dir_candidates", lambda: [tmp_path / "a", tmp_path / "a"])
     with pytest.raises(FileNotFoundError, match=rf"\(looked in {tmp_path / 'a'}\)"):
         benchmarks.benchmark_path("gsm8k")
+
+
+def test_a_failed_upload_is_one_error_line(qwen3_drafter_dir, monkeypatch, capsys):
+    """No token, no network, no permission: the Hub client's exception was a traceback."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalTokenNotFoundError
+
+    def create_repo(self, *args, **kwargs):
+        raise LocalTokenNotFoundError("Token is required (`token=True`), but no token found.")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    assert run(["push", str(qwen3_drafter_dir[0]), "org/name"]) == 2
+    err = _one_line_error(capsys, "push")
+    assert "uploading to org/name failed: Token is required" in err and "hf auth login" in err

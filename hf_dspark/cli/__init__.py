@@ -55,6 +55,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     a target cache of another target, a used run folder, prompts overlapping the evaluation sets, missing benchmark
     prompts): reported as one line, exit code 2. Anything else is a bug and keeps its traceback."""
     from ..hub.export import SpeculatorsExportError
+    from ..hub.upload import UploadError
     from ..loading import ModelLoadError
     from ..modeling.checkpoint_files import CheckpointError
     from ..training.prompts import EvalOverlapError
@@ -62,7 +63,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ..training.trainer import RunDirectoryError
 
     return (ModelLoadError, CheckpointError, SpeculatorsExportError, TargetCacheError, RunDirectoryError,
-            EvalOverlapError, FileNotFoundError, NotADirectoryError)
+            EvalOverlapError, UploadError, FileNotFoundError, NotADirectoryError)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:

@@ -31,6 +31,10 @@ def save_for_hub(draft, out_dir: str | os.PathLike, *, info: DraftCardInfo | Non
     return out
 
 
+class UploadError(OSError):
+    """The Hub refused or could not be reached (no token, no network, no permission): the message says which."""
+
+
 def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commit_message: str | None = None,
                 commit_description: str | None = None, private: bool | None = None, token: bool | str | None = None,
                 revision: str | None = None, create_pr: bool = False, max_shard_size: int | str = "5GB",
@@ -44,15 +48,22 @@ def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commi
     from ..version import __version__
 
     api = HfApi(library_name="hf-dspark", library_version=__version__, token=token)
-    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
-    with tempfile.TemporaryDirectory() as tmp:
-        save_for_hub(draft, tmp, info=info, repo_id=repo_id, tags=tags, template=template,
-                     max_shard_size=max_shard_size)
-        logger.info("Uploading %s to %s", sorted(os.listdir(tmp)), repo_id)
-        return api.upload_folder(repo_id=repo_id, folder_path=tmp,
-                                 commit_message=commit_message or "Upload DSpark drafter",
-                                 commit_description=commit_description, token=token, revision=revision,
-                                 create_pr=create_pr)
+    try:
+        repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as tmp:
+            save_for_hub(draft, tmp, info=info, repo_id=repo_id, tags=tags, template=template,
+                         max_shard_size=max_shard_size)
+            logger.info("Uploading %s to %s", sorted(os.listdir(tmp)), repo_id)
+            return api.upload_folder(repo_id=repo_id, folder_path=tmp,
+                                     commit_message=commit_message or "Upload DSpark drafter",
+                                     commit_description=commit_description, token=token, revision=revision,
+                                     create_pr=create_pr)
+    except FileNotFoundError:
+        raise  # a local file (the card template), not the Hub: reported as it is
+    except OSError as err:  # the Hub client's errors (token, network, permission, offline mode) are OSErrors
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UploadError(f"uploading to {repo_id} failed: {first} Log in (hf auth login) or pass --token / "
+                          "token=, and check the network and your write access to the repository.") from err
 
 
 # DSparkDraftModel.push_to_hub uploads through this (modeling/publishing.py says why it is registered, not imported).
