@@ -77,3 +77,4 @@ def test_values_in_range_parse_to_numbers_and_lists():
     assert args.concurrency == [1, 2, 4, 8, 16, 32, 64] and "scheduled" in args.policies
     args = parser.parse_args(["calibrate", "--drafter", "d", "--out", "o", "--num-prompts", "0"])
     assert args.num_prompts == 0
+    assert parser.parse_args(["train", "--save-total-limit", "0"]).save_total_limit == 0  # keep every checkpoint

@@ -209,7 +209,8 @@ def add_train(sub) -> None:
     run = p.add_argument_group("run")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save-steps", type=positive_int, default=500)
-    run.add_argument("--save-total-limit", type=positive_int, default=2)
+    run.add_argument("--save-total-limit", type=non_negative_int, default=2,
+                     help="checkpoints kept, oldest deleted first (0: keep every one)")
     run.add_argument("--resume", action="store_true",
                      help="continue from the newest checkpoint in --out (start fresh if none)")
     run.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
