@@ -34,6 +34,8 @@ BAD_VALUES = {
     "train --steps 0": (["train", "--steps", "0"], "--steps", ">= 1"),
     "train --lr -1": (["train", "--steps", "1", "--lr", "-1"], "--lr", "> 0"),
     "train --block-size 0": (["train", "--steps", "1", "--block-size", "0"], "--block-size", ">= 1"),
+    "train --warmup-ratio 1": (["train", "--steps", "1", "--warmup-ratio", "1"], "--warmup-ratio", "in [0, 1)"),
+    "train --warmup-ratio -0.1": (["train", "--steps", "1", "--warmup-ratio", "-0.1"], "--warmup-ratio", "in [0, 1)"),
 }
 
 

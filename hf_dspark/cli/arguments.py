@@ -53,6 +53,14 @@ def probability(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share of a whole that must leave some of it, e.g. the warm-up part of a learning-rate schedule."""
+    value = _number(float, text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
 def _comma_list(element):
     """A type for a comma-separated list whose items ``element`` parses ("" is the empty list)."""
 
@@ -91,6 +99,6 @@ non_negative_ints = _comma_list(non_negative_int)
 non_negative_floats = _comma_list(non_negative_float)
 
 
-__all__ = ["existing_file", "new_folder", "non_negative_float", "non_negative_floats", "non_negative_int",
+__all__ = ["existing_file", "fraction", "new_folder", "non_negative_float", "non_negative_floats", "non_negative_int",
            "non_negative_ints", "positive_float",
            "positive_int", "positive_ints", "probability"]

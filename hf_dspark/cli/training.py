@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import (existing_file, non_negative_float, non_negative_int, positive_float, positive_int,
+from .arguments import (existing_file, fraction, non_negative_float, non_negative_int, positive_float, positive_int,
                         probability)
 
 DEFAULT_CACHE = "cache/smollm2"
@@ -195,7 +195,8 @@ def add_train(sub) -> None:
     opt.add_argument("--batch-size", type=positive_int, default=1, help="sequences per device per micro-batch")
     opt.add_argument("--grad-accum", type=positive_int, default=8)
     opt.add_argument("--lr", type=positive_float, default=6e-4)
-    opt.add_argument("--warmup-ratio", type=non_negative_float, default=0.04)
+    opt.add_argument("--warmup-ratio", type=fraction, default=0.04,
+                     help="share of the steps whose learning rate ramps up, in [0, 1)")
     opt.add_argument("--max-grad-norm", type=positive_float, default=1.0)
     opt.add_argument("--num-anchors", type=positive_int, default=64,
                      help="blocks per sequence (published: 512, on GPUs)")
