@@ -394,3 +394,24 @@ def test_a_failed_upload_is_one_error_line(qwen3_drafter_dir, monkeypatch, capsy
     assert run(["push", str(qwen3_drafter_dir[0]), "org/name"]) == 2
     err = _one_line_error(capsys, "push")
     assert "uploading to org/name failed: Token is required" in err and "hf auth login" in err
+
+
+def test_an_unreachable_hub_is_one_error_line(qwen3_drafter_dir, monkeypatch, capsys):
+    """DNS or connection failure: the HTTP client's connection error (httpx's is no OSError, unlike the Hub
+    client's own errors) escaped as a traceback."""
+    import importlib
+
+    import huggingface_hub
+    from huggingface_hub.errors import HTTPError  # the HTTP client's base error, whichever client the Hub uses
+
+    client = importlib.import_module(HTTPError.__module__.split(".")[0])
+    connect_error = getattr(client, "ConnectError", None) or client.ConnectionError
+
+    def create_repo(self, *args, **kwargs):
+        raise connect_error("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    assert run(["push", str(qwen3_drafter_dir[0]), "org/name"]) == 2
+    err = _one_line_error(capsys, "push")
+    assert "uploading to org/name failed: could not reach the Hub ([Errno -3] Temporary failure" in err
+    assert "check the network" in err

@@ -44,6 +44,7 @@ def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commi
     The target's embedding and LM head are never uploaded (the drafter uses its target's own).
     """
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import HTTPError  # the HTTP client's base error (httpx's is no OSError)
 
     from ..version import __version__
 
@@ -61,9 +62,15 @@ def push_to_hub(draft, repo_id: str, *, info: DraftCardInfo | None = None, commi
     except FileNotFoundError:
         raise  # a local file (the card template), not the Hub: reported as it is
     except OSError as err:  # the Hub client's errors (token, network, permission, offline mode) are OSErrors
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise UploadError(f"uploading to {repo_id} failed: {first} Log in (hf auth login) or pass --token / "
-                          "token=, and check the network and your write access to the repository.") from err
+        raise UploadError(f"uploading to {repo_id} failed: {_first_line(err)} Log in (hf auth login) or pass "
+                          "--token / token=, and check the network and your write access to the repository.") from err
+    except HTTPError as err:  # the HTTP client's own: DNS, refused connection, timeout
+        raise UploadError(f"uploading to {repo_id} failed: could not reach the Hub ({_first_line(err)}): check the "
+                          "network (and HF_ENDPOINT, if set) and try again.") from err
+
+
+def _first_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
 # DSparkDraftModel.push_to_hub uploads through this (modeling/publishing.py says why it is registered, not imported).
