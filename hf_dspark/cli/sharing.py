@@ -21,9 +21,10 @@ def add_convert(sub) -> None:
                                                         "and what is refused and why (exit 1 when refused; 2, with "
                                                         "one line, when SRC is not a model directory)")
     p.add_argument("--to", default="speculators", choices=["speculators", "native"])
-    p.add_argument("--target", default=None, help="target directory or Hub id: needed for reduced-vocabulary exports, "
-                                                  "transformers' DFlash assistants and sources that do not record "
-                                                  "the target's layer count")
+    p.add_argument("--target", default=None,
+                   help="target directory or Hub id (HuggingFaceTB/SmolLM2-135M-Instruct: the embedded copy, offline): "
+                        "needed for reduced-vocabulary exports, transformers' DFlash assistants and sources that do "
+                        "not record the target's layer count")
     p.add_argument("--verifier", default=None, help="verifier vLLM pairs the drafter with (required unless the drafter "
                                                     "records its target or --target names one)")
     p.add_argument("--include-target-weights", action="store_true", help="also store the target's embedding/LM head")
@@ -33,10 +34,11 @@ def add_convert(sub) -> None:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from ..hub import convert_checkpoint, describe_checkpoint
-    from ..loading import load_target, raise_if_bad_paths
+    from ..loading import NAMED_TARGET_FIX, load_named_target, raise_if_bad_paths
 
-    raise_if_bad_paths(args.target, [args.src])  # a path mistake is exit 2 and one line, with --check too
-    target = load_target(args.target)[0] if args.target else None
+    # a path mistake is exit 2 and one line, with --check too
+    raise_if_bad_paths(args.target, [args.src], target_fix=NAMED_TARGET_FIX)
+    target = load_named_target(args.target) if args.target else None
     if args.check:  # report only: what SRC is, what loads, exports and is refused
         report = describe_checkpoint(args.src, target=target)
         print(report)
