@@ -156,7 +156,8 @@ class DSparkEngine:
         self.sps_cache_dir = sps_cache_dir
         self._cost = EngineStepCost(sps, target=target, drafter=builder.round_drafter,
                                     max_rows=self.max_running_requests, max_width=1 + max(self.max_proposal, 1),
-                                    cache_dir=sps_cache_dir, kernels=self._linears)
+                                    cache_dir=sps_cache_dir, kernels=self._linears,
+                                    on_measured=self._observe_step_cost_measured)
         # Only a cost the engine measured itself is corrected by wall time: a user's table is their cost model (and
         # in tests a fixed one, which keeps scheduling decisions independent of the machine's load).
         self._round, self._lookup = builder.build(lambda: self.step_cost, observe_time=self._cost.is_measured)
@@ -210,6 +211,9 @@ class DSparkEngine:
     def sps(self) -> SPSProfile:
         """SPS(B): the table the engine was given, else the measured step cost read as SPS(B)."""
         return self._cost.sps
+
+    def _observe_step_cost_measured(self, seconds: float) -> None:
+        self.engine_metrics.step_cost_seconds += seconds
 
     def profile_sps(self) -> StepCostProfile:
         """Profile now (e.g. before serving) instead of at the first scheduled step."""
@@ -328,7 +332,7 @@ class DSparkEngine:
             self._retire()
             if not (self._admission.has_work or len(self._batch)):
                 return False
-            start = time.perf_counter()
+            start, setup_before = time.perf_counter(), self.engine_metrics.step_cost_seconds
             try:
                 with torch.no_grad(), self._linears(), self._feature_tap() as tap:
                     joining = self._prefill_admitted(tap)
@@ -344,7 +348,9 @@ class DSparkEngine:
                 raise
             finally:
                 self.engine_metrics.steps += 1
-                self.engine_metrics.busy_seconds += time.perf_counter() - start
+                # a step cost measured in this step (the first scheduled one) is setup, not serving
+                setup = self.engine_metrics.step_cost_seconds - setup_before
+                self.engine_metrics.busy_seconds += time.perf_counter() - start - setup
             self._maybe_log()
             return True
 

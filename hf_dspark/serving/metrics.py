@@ -35,7 +35,8 @@ class EngineMetrics:
     start_time: float = field(default_factory=time.perf_counter)
     steps: int = 0
     decode_steps: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # in steps, less step_cost_seconds (setup): what tok/s divides by
+    step_cost_seconds: float = 0.0  # measuring the engine's step cost once (or reading it from the disk cache)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -96,6 +97,7 @@ class EngineMetrics:
             "decode_steps": self.decode_steps,
             "uptime_s": time.perf_counter() - self.start_time,
             "busy_s": self.busy_seconds,
+            "step_cost_s": self.step_cost_seconds,
             "generated_tokens": self.generated_tokens,
             "throughput_tok_s": self.generated_tokens / self.busy_seconds if self.busy_seconds else 0.0,
             "mean_batch_size": self.request_rounds / self.decode_steps if self.decode_steps else 0.0,
@@ -127,13 +129,14 @@ class EngineMetrics:
         d = self.to_dict()
         ttft = d["mean_ttft_s"]
         per_user = d["mean_request_tok_s"]
+        setup = f", step cost measured in {d['step_cost_s']:.1f} s (setup, not counted)" if d["step_cost_s"] else ""
         return (f"engine: {d['generated_tokens']} tokens in {d['decode_steps']} decode steps, "
                 f"{d['throughput_tok_s']:.1f} tok/s, mean batch {d['mean_batch_size']:.1f}, "
                 f"mean verify budget {d['mean_verify_budget']:.2f} drafts/request/step "
                 f"({d['mean_verify_tokens']:.1f} tokens/step), tau={d['tau']:.2f} (incl. bonus), "
                 f"wasted verify tokens {d['wasted_verify_tokens']}, padding {d['padding_tokens']}, "
                 f"TTFT {'-' if ttft is None else f'{ttft * 1e3:.0f} ms'}, per-request "
-                f"{'-' if per_user is None else f'{per_user:.1f}'} tok/s")
+                f"{'-' if per_user is None else f'{per_user:.1f}'} tok/s{setup}")
 
     def log(self) -> None:
         logger.info(self.summary())

@@ -111,12 +111,14 @@ class SpeculativeRound:
         ``do_sample``: one mode for the batch or one per row; ``generator``: shared or one per row; ``tap``: the
         target feature tap the drafter context is read from (None without a drafter); ``row_ids``: each row's
         id in the lookup proposer (lookup proposals are offered only when given)."""
+        # resolved before the clock starts: a first use may measure the step cost (seconds), which is setup, not
+        # this round's drafting, nor a step time to correct the cost by
+        cost = self.cost if self.policy.needs_step_cost else None
         start = time.perf_counter()
         rows = len(batch)
         per_row = not isinstance(do_sample, bool)
         modes = [bool(m) for m in do_sample] if per_row else [bool(do_sample)] * rows
         any_sampled = any(modes)
-        cost = self.cost if self.policy.needs_step_cost else None
         # Rounds skipped by the drafter left their context unprojected; whichever round projects it (the next drafting
         # round, or the bounded-memory flush) pays for all of them. Every token's context is projected sooner or
         # later, drafting or not, so that time is no price of drafting: it is projected apart, timed, and left out

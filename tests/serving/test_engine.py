@@ -389,6 +389,32 @@ def test_scheduled_skips_the_drafter_when_it_cannot_pay(target, draft, continuat
     assert dear["mean_verify_budget"] < results["cheap"]["mean_verify_budget"]
 
 
+def test_the_step_cost_measurement_is_setup_not_serving_time(target, draft, prompts, continuations, monkeypatch):
+    """The first engine on a machine measures its step cost (~30 s) inside its first step: that was counted as
+    drafting and busy time, so draft_s and tok/s (~0.25 tok/s) described the measurement. Here it takes a (fake)
+    hour: the clock jumps while it runs."""
+    import time
+
+    from conftest import flat_cost
+
+    from hf_dspark.serving import step_cost_source
+
+    hour, clock, real = 3600.0, {"offset": 0.0}, time.perf_counter
+
+    def measure(*args, **kwargs):
+        clock["offset"] += hour
+        return flat_cost(max_rows=4, max_width=GAMMA + 1)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + clock["offset"])
+    monkeypatch.setattr(step_cost_source, "profile_step_cost", measure)
+    engine = DSparkEngine(target, draft, "scheduled", max_running_requests=2)
+    outputs = engine.generate(prompts[:2], 8)
+    assert [o.token_ids for o in outputs] == [continuations[tuple(p)][:8] for p in prompts[:2]]
+    m = engine.metrics()
+    assert clock["offset"] == hour and m["step_cost_s"] >= hour  # measured once, reported apart
+    assert m["draft_s"] < hour and m["busy_s"] < hour and m["throughput_tok_s"] == 16 / m["busy_s"]
+
+
 def test_metrics_dict_and_log(target, draft, prompts, continuations, monkeypatch, caplog):
     monkeypatch.setattr(draft, "draft_block", OracleDrafter(draft, continuations))
     engine = make_engine(target, draft, "fixed", max_running_requests=4, log_interval_s=0.0)
