@@ -32,7 +32,7 @@ BAD_VALUES = {
     "regenerate --num-magpie -1": (["regenerate", "--num-magpie", "-1"], "--num-magpie", ">= 0"),
     "cache --max-length 0": (["cache", "--max-length", "0", "--data", "a", "--out", "o"], "--max-length", ">= 1"),
     "train --steps 0": (["train", "--steps", "0"], "--steps", ">= 1"),
-    "train --lr -1": (["train", "--steps", "1", "--lr", "-1"], "--lr", "> 0"),
+    "train --lr -1": (["train", "--steps", "1", "--lr", "-1"], "--lr", ">= 0"),  # 0 keeps the weights
     "train --block-size 0": (["train", "--steps", "1", "--block-size", "0"], "--block-size", ">= 1"),
     "train --warmup-ratio 1": (["train", "--steps", "1", "--warmup-ratio", "1"], "--warmup-ratio", "in [0, 1)"),
     "train --warmup-ratio -0.1": (["train", "--steps", "1", "--warmup-ratio", "-0.1"], "--warmup-ratio", "in [0, 1)"),

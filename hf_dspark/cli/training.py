@@ -194,7 +194,8 @@ def add_train(sub) -> None:
     opt = p.add_argument_group("optimisation")
     opt.add_argument("--batch-size", type=positive_int, default=1, help="sequences per device per micro-batch")
     opt.add_argument("--grad-accum", type=positive_int, default=8)
-    opt.add_argument("--lr", type=positive_float, default=6e-4)
+    opt.add_argument("--lr", type=non_negative_float, default=6e-4,
+                     help="peak learning rate (0 keeps the starting weights: a check of --init-from)")
     opt.add_argument("--warmup-ratio", type=fraction, default=0.04,
                      help="share of the steps whose learning rate ramps up, in [0, 1)")
     opt.add_argument("--max-grad-norm", type=positive_float, default=1.0)
