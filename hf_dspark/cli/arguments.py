@@ -18,47 +18,26 @@ def _number(kind: type, text: str):
     return value
 
 
-def positive_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def _bounded(kind: type, accepts, rule: str, name: str):
+    """A type for the numbers of ``kind`` that ``accepts`` admits; ``rule`` names the range in the error."""
+
+    def parse(text: str):
+        value = _number(kind, text)
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _number(float, text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(float, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def probability(text: str) -> float:
-    value = _number(float, text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """A share of a whole that must leave some of it, e.g. the warm-up part of a learning-rate schedule."""
-    value = _number(float, text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return value
+positive_int = _bounded(int, lambda v: v >= 1, "an integer >= 1", "positive_int")
+non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0", "non_negative_int")
+positive_float = _bounded(float, lambda v: v > 0, "a number > 0", "positive_float")
+non_negative_float = _bounded(float, lambda v: v >= 0, "a number >= 0", "non_negative_float")
+probability = _bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "probability")
+# a share of a whole that must leave some of it, e.g. the warm-up part of a learning-rate schedule
+fraction = _bounded(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "fraction")
 
 
 def _comma_list(element):
