@@ -108,14 +108,16 @@ class StopRules:
         A criterion gets ``scores`` as plain ``generate`` hands it: None, or where the call keeps scores
         (``output_scores`` with ``return_dict_in_generate``) the steps' processed logits so far, one [1, V] each:
         ``kept`` (the row's earlier steps) and ``new_scores`` [len(new), V] (this round's)."""
+        # the row's earlier steps as [1, V] views, built once a round (not once a token)
+        scores = (tuple(s[None] for s in kept) if self.others and kept is not None and new_scores is not None
+                  else None)
         for i, token in enumerate(new):
             tokens.append(row, [token])
             length = tokens.lengths[row]
             stop = token in self.eos_ids or (self.max_length is not None and length >= self.max_length)
             if self.others:  # every criterion sees every step, the last one too, as in plain generate
-                scores = None
-                if kept is not None and new_scores is not None:
-                    scores = tuple(s[None] for s in kept) + tuple(new_scores[j: j + 1] for j in range(i + 1))
+                if scores is not None:
+                    scores = scores + (new_scores[i: i + 1],)
                 verdicts = [bool(c(tokens.view(row)[None], scores).any()) for c in self.others]
                 stop = stop or any(verdicts)
             if stop:
