@@ -60,6 +60,7 @@ from .requests import (
     SamplingParams,
     encode_prompt,
     raise_if_never_fits,
+    resolve_sampling_params,
     stop_token_ids,
     target_stop_token_ids,
 )
@@ -227,14 +228,14 @@ class DSparkEngine:
                params: SamplingParams | None = None) -> RequestHandle:
         """Queue a request (token ids, text, or chat messages) and return its handle; thread-safe.
 
+        ``params`` (a SamplingParams) replaces the setting keywords; giving one of them beside it is refused.
         Raises RequestRejectedError for a malformed request (ids that are not ints in the target's vocabulary, a
-        2-D prompt, non-integer limits, a request_id already in use) and for one that could never fit the
-        engine's limits: a bad request is refused here, never inside a step shared with other requests."""
+        2-D prompt, non-integer limits, a request_id already in use, a setting beside ``params``) and for one that
+        could never fit the engine's limits: a bad request is refused here, never inside a step shared with others."""
         try:
-            if params is None:
-                params = SamplingParams(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                        top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
-                                        cache_salt=cache_salt, isolate=isolate)
+            params = resolve_sampling_params(params, dict(
+                max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, eos_token_id=eos_token_id, cache_salt=cache_salt, isolate=isolate))
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
             eos = stop_token_ids(params.eos_token_id, self.default_eos_ids)
             # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.

@@ -14,7 +14,7 @@ import numbers
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -199,6 +199,32 @@ class SamplingParams:
         if not self.do_sample:
             return (False,)
         return (True, self.temperature, self.top_k or 0, self.top_p if self.top_p is not None else 1.0)
+
+
+def resolve_sampling_params(params: SamplingParams | None, settings: Mapping[str, object]) -> SamplingParams:
+    """A request's settings: ``params``, or the ``settings`` given as ``submit`` keywords when it is None.
+
+    Why refuse both at once: ``params`` would win and a keyword beside it would be ignored without a word, and an
+    ignored ``cache_salt`` puts the request in the unsalted scope, sharing caches and history with other users."""
+    if params is None:
+        return SamplingParams(**settings)
+    if not isinstance(params, SamplingParams):
+        raise RequestRejectedError(f"params must be a SamplingParams (or None), got {type(params).__name__}")
+    defaults = {f.name: f.default for f in fields(SamplingParams)}
+    given = [name for name, value in settings.items() if _differs(value, defaults[name])]
+    if given:
+        raise RequestRejectedError(f"{', '.join(given)} given beside params=: set {'them' if len(given) > 1 else 'it'} "
+                                   f"in the SamplingParams instead (params= is used alone)")
+    return params
+
+
+def _differs(value, default) -> bool:
+    if value is default:
+        return False
+    try:
+        return bool(value != default)
+    except Exception:  # an array or another value without a plain truth: it was given
+        return True
 
 
 @dataclass
@@ -393,4 +419,5 @@ class RequestHandle:
             raise RuntimeError(f"request {self.request_id} failed inside the engine") from self._request.error
 
 
-__all__ = ["FinishReason", "Request", "RequestHandle", "RequestOutput", "RequestRejectedError", "SamplingParams"]
+__all__ = ["FinishReason", "Request", "RequestHandle", "RequestOutput", "RequestRejectedError", "SamplingParams",
+           "resolve_sampling_params"]

@@ -223,3 +223,23 @@ def test_a_fault_in_every_step_fails_each_request_alone_and_the_engine_goes_on(t
             break
     assert all(h.done() for h in handles)
     assert engine.metrics()["finished_requests"] == {"error": 3}
+
+
+@pytest.mark.parametrize("kwargs, setting", [
+    ({"cache_salt": "alice"}, "cache_salt"),  # was dropped: the request shared the unsalted scope
+    ({"max_new_tokens": 9}, "max_new_tokens"),
+    ({"isolate": True}, "isolate"),
+    ({"do_sample": True, "seed": 3}, "do_sample"),
+    ({"eos_token_id": []}, "eos_token_id"),
+])
+def test_settings_beside_params_are_refused_not_ignored(target, draft, kwargs, setting):
+    """``submit(..., params=SamplingParams(...))`` used params alone: a keyword given beside it (a salt, a limit)
+    was silently ignored, so a salted request shared the default scope's caches and history."""
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    with pytest.raises(RequestRejectedError, match=f"{setting}.*params="):
+        engine.submit([5, 9, 7], params=SamplingParams(max_new_tokens=3), **kwargs)
+    with pytest.raises(RequestRejectedError, match="params must be a SamplingParams"):
+        engine.submit([5, 9, 7], params={"max_new_tokens": 3})
+    assert not engine.has_work() and engine.metrics()["rejected_requests"] == 2
+    out = engine.submit([5, 9, 7], 64, params=SamplingParams(max_new_tokens=3, cache_salt="alice")).result()
+    assert out.token_ids == greedy(target, [5, 9, 7], 3)
