@@ -237,7 +237,7 @@ class DSparkEngine:
                 max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, eos_token_id=eos_token_id, cache_salt=cache_salt, isolate=isolate))
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
-            eos = stop_token_ids(params.eos_token_id, self.default_eos_ids)
+            eos = stop_token_ids(params.eos_token_id, self.default_eos_ids, self.vocab_size)
             # NOTE: no separate max_batch_tokens check: __init__ ensures max_request_tokens + γ + 1 fits it.
             raise_if_never_fits(ids, params, self.max_request_tokens, self.max_positions)
         except RequestRejectedError:

@@ -78,14 +78,22 @@ def target_stop_token_ids(target) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def stop_token_ids(eos_token_id, default: set[int]) -> set[int]:
-    """A request's stop tokens: its ``eos_token_id`` (an int or a list of ints; an empty list never stops early),
-    or ``default`` (the target's) when None."""
+def stop_token_ids(eos_token_id, default: set[int], vocab_size: int) -> set[int]:
+    """A request's stop tokens: its ``eos_token_id`` (an int or a list of ints, numpy / torch integers too; an empty
+    list never stops early), or ``default`` (the target's) when None. An id outside the vocabulary is refused: the
+    target can never emit it, so the request would silently never stop there."""
     if eos_token_id is None:
         return set(default)
+    if isinstance(eos_token_id, torch.Tensor) and not (eos_token_id.is_floating_point() or eos_token_id.is_complex()
+                                                       or eos_token_id.dtype == torch.bool):
+        eos_token_id = eos_token_id.reshape(-1).tolist()
     ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set)) else list(eos_token_id)
-    if any(isinstance(e, bool) or not isinstance(e, int) for e in ids):
+    if any(isinstance(e, (bool, np.bool_)) or not isinstance(e, numbers.Integral) for e in ids):
         raise RequestRejectedError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    outside = [int(e) for e in ids if not 0 <= int(e) < vocab_size]
+    if outside:
+        raise RequestRejectedError(f"eos_token_id {outside[0]} is outside the target's vocabulary [0, {vocab_size}): "
+                                   "the request could never stop at it")
     return {int(e) for e in ids}
 
 

@@ -243,3 +243,27 @@ def test_settings_beside_params_are_refused_not_ignored(target, draft, kwargs, s
     assert not engine.has_work() and engine.metrics()["rejected_requests"] == 2
     out = engine.submit([5, 9, 7], 64, params=SamplingParams(max_new_tokens=3, cache_salt="alice")).result()
     assert out.token_ids == greedy(target, [5, 9, 7], 3)
+
+
+@pytest.mark.parametrize("eos, message", [
+    (-1, r"eos_token_id -1 is outside the target's vocabulary \[0, 96\)"),  # never matched: never stopped
+    ([2, 96], r"eos_token_id 96 is outside the target's vocabulary"),
+    (2.0, "eos_token_id must be an int or a list of ints"),
+    ([True], "eos_token_id must be an int or a list of ints"),
+])
+def test_stop_ids_outside_the_vocabulary_are_refused(target, draft, eos, message):
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    with pytest.raises(RequestRejectedError, match=message):
+        engine.submit([5, 9, 7], 4, eos_token_id=eos)
+
+
+def test_numpy_and_torch_integer_stop_ids_stop_like_ints(target, draft):
+    """A stop id read from an array (numpy / torch integer) was refused as "not an int" while prompt ids of the same
+    types were served."""
+    prompt = [5, 9, 7]
+    reference = greedy(target, prompt, 12)
+    stop = reference[5]
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    for eos in (np.int64(stop), [np.int32(stop)], torch.tensor(stop)):
+        out = engine.submit(prompt, 12, eos_token_id=eos).result()
+        assert out.token_ids == reference[:reference.index(stop) + 1] and out.finish_reason is FinishReason.STOP
