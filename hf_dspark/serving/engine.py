@@ -322,8 +322,16 @@ class DSparkEngine:
                 self._wake.clear()
 
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 64, **params) -> list[RequestOutput]:
-        """Blocking convenience: submit every prompt, wait for all (driving the loop if no thread runs)."""
-        handles = [self.submit(prompt, max_new_tokens, **params) for prompt in prompts]
+        """Blocking convenience: submit every prompt, wait for all (driving the loop if no thread runs). A prompt that
+        is refused cancels the ones submitted before it (nobody holds their handles) and raises."""
+        handles = []
+        try:
+            for prompt in prompts:
+                handles.append(self.submit(prompt, max_new_tokens, **params))
+        except Exception:
+            for handle in handles:
+                handle.cancel()
+            raise
         return [handle.result() for handle in handles]
 
     def step(self) -> bool:

@@ -708,3 +708,17 @@ def test_a_row_joined_in_place_holds_what_a_stacked_row_would(target, draft, pro
         assert torch.equal(a, b)
     assert torch.equal(stacked[1].positions, in_place[1].positions)
     assert torch.equal(stacked[2], in_place[2]) and stacked[3:] == in_place[3:]
+
+
+def test_generate_with_a_refused_prompt_leaves_no_request_behind(target, draft, prompts, continuations):
+    """``engine.generate`` submits prompt by prompt: a refused one raised, but the prompts before it stayed queued
+    with no handle anyone holds, ran at the next step and left their text in the lookup history and prefix cache."""
+    engine = make_engine(target, draft, "scheduled")
+    with pytest.raises(RequestRejectedError, match="outside the target's vocabulary"):
+        engine.generate([prompts[0], prompts[1], [5, VOCAB]], 8)
+    engine.step()
+    assert not engine.has_work() and engine.metrics()["generated_tokens"] == 0
+    assert engine.metrics()["finished_requests"] == {"cancelled": 2}
+    assert not engine._lookup.history.keys() and len(engine._prefixes) == 0
+    outputs = engine.generate(prompts[:2], 8)
+    assert [o.token_ids for o in outputs] == [continuations[tuple(p)][:8] for p in prompts[:2]]
