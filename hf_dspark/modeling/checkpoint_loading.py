@@ -117,7 +117,7 @@ def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
             state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][vocabulary.order]
     model.load_state_dict(state, strict=True, assign=True)
     if dtype is not None and dtype != "auto":
-        model = model.to(dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        model = model._cast_to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     model.config._name_or_path = str(path)
     logger.info("Loaded a %s-format drafter from %s (%d tensors, target tensors dropped).", dialect.name, path,
                 len(mapping))

@@ -143,7 +143,7 @@ class DSparkDraftModel(PreTrainedModel):
             target_embedding_signature=embedding_signature(target), draft_layer_style=draft_layer_style,
             **config_kwargs)
         param = next(target.parameters())
-        model = cls(config).to(device=param.device, dtype=param.dtype)
+        model = cls(config)._cast_to(param.dtype, param.device)
         model._init_final_norm_from(target)
         if draft_vocab is not None:
             model.set_draft_vocabulary(draft_vocab)
@@ -234,13 +234,28 @@ class DSparkDraftModel(PreTrainedModel):
         cast = ""
         if current and current != {(dtype, device)}:
             cast = "; cast from " + ", ".join(sorted(f"{d} on {dev}" for d, dev in current))
-            self.to(device=device, dtype=dtype)
+            self._cast_to(dtype, device)
             self._draft_head_cache = None
+        elif any(buffer.dtype != torch.float32 for buffer in self.rotary_emb.buffers()):
+            self._cast_to(dtype, device)  # cast by hand (draft.to(torch.bfloat16)): RoPE back to float32
         logger.info("Drafter bound to %s target %s (%s on %s%s).", type(target).__name__,
                     getattr(target, "name_or_path", "") or "(unnamed)", dtype, device, cast)
         self._bound_target[:] = [target]
         for hook in TARGET_BIND_HOOKS:
             hook(target)
+        return self
+
+    def _cast_to(self, dtype: torch.dtype, device: torch.device | str | None = None) -> "DSparkDraftModel":
+        """``self.to(device, dtype)`` with RoPE's inverse frequencies kept in float32, as transformers'
+        ``from_pretrained(dtype=)`` keeps them (and DeepSpec and vLLM compute them).
+
+        Why: ``nn.Module.to(dtype)`` rounds the rotary ``inv_freq`` buffers too; in bf16 that moves a context row's
+        RoPE phase by ~2 rad at position 2048 (Qwen3's 128-dim heads), so the drafter would attend to its context
+        unlike the drafter it was trained as. The rotary module is rebuilt from the config, so an earlier
+        rounding is undone as well.
+        """
+        self.to(device=device, dtype=dtype)
+        self.rotary_emb = self.family.rotary_embedding(self.target_text_config).to(device=self.fc.weight.device)
         return self
 
     @property

@@ -96,3 +96,45 @@ def test_a_feature_tap_records_only_its_own_threads_forwards(tiny_target):
         other.start()
         other.join()
         assert tap.features().shape[1] == 5
+
+
+def _rope_buffers(draft) -> dict[str, torch.Tensor]:
+    return {name: buffer for name, buffer in draft.named_buffers() if name.startswith("rotary_emb.")}
+
+
+@torch.no_grad()
+def test_rope_frequencies_stay_float32_on_every_path_to_a_bf16_drafter(target, tmp_path):
+    """Binding to a bf16 target (and from_target, and a foreign load with dtype=) cast RoPE's inverse frequencies
+    to bf16 with the weights: ~0.3 rad of phase at position 500 on these tiny heads (~2 rad at 2048 on Qwen3's),
+    so the drafter attended to its context unlike the same weights loaded by transformers' from_pretrained(dtype=),
+    which keeps them float32 (as do DeepSpec and vLLM)."""
+    from hf_dspark.hub.export import save_as_speculators
+
+    torch.manual_seed(1)
+    draft = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8).eval()
+    reference = {name: buffer.clone() for name, buffer in _rope_buffers(draft).items()}
+    assert reference and all(buffer.dtype == torch.float32 for buffer in reference.values())
+    draft.save_pretrained(tmp_path / "native")
+    save_as_speculators(draft, tmp_path / "speculators", verifier_name_or_path="tiny/target")
+    bf16_target = make_tiny_llama(seed=0).to(torch.bfloat16)
+    drafts = {
+        "transformers' dtype=": DSparkDraftModel.from_pretrained(tmp_path / "native", dtype=torch.bfloat16),
+        "bound to a bf16 target": DSparkDraftModel.from_pretrained(tmp_path / "native", target=bf16_target),
+        "foreign, dtype=": DSparkDraftModel.from_pretrained(tmp_path / "speculators", dtype=torch.bfloat16),
+        "from_target": DSparkDraftModel.from_target(bf16_target, num_layers=1, block_size=4, markov_rank=8),
+    }
+    for how, loaded in drafts.items():
+        assert loaded.dtype == torch.bfloat16, how
+        for name, buffer in _rope_buffers(loaded).items():
+            assert buffer.dtype == torch.float32 and torch.equal(buffer, reference[name]), (how, name)
+    # the same weights at bf16 draft the same way, whichever path cast them (context late in a long prompt)
+    from hf_dspark import DraftCache
+
+    feats = torch.randn(1, 8, len(draft.config.target_layer_ids) * 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    positions = torch.arange(492, 500)[None]
+    hidden = []
+    for loaded in (drafts["transformers' dtype="].bind_target(bf16_target), drafts["bound to a bf16 target"],
+                   drafts["foreign, dtype="].bind_target(bf16_target)):
+        cache = loaded.extend_context(DraftCache(), feats, positions)
+        hidden.append(loaded.forward_block(cache, torch.tensor([5]), torch.tensor([500])))
+    assert torch.equal(hidden[0], hidden[1]) and torch.equal(hidden[0], hidden[2])
