@@ -59,6 +59,7 @@ from .requests import (
     RequestRejectedError,
     SamplingParams,
     encode_prompt,
+    new_request_id,
     raise_if_never_fits,
     resolve_sampling_params,
     stop_token_ids,
@@ -248,6 +249,8 @@ class DSparkEngine:
             raise RequestRejectedError(f"request rejected: {err}") from None
         request = Request(ids, params, eos, request_id=request_id, device=self.device)
         with self._incoming_lock:
+            while request_id is None and request.request_id in self._request_ids:  # a caller's id took the name
+                request.request_id = new_request_id()
             if request.request_id in self._request_ids:
                 self.engine_metrics.rejected_requests += 1
                 raise RequestRejectedError(f"request_id {request.request_id!r} is already in use by an unfinished "

@@ -34,6 +34,11 @@ class RequestRejectedError(ValueError):
     """A request the engine will not serve (raised by ``submit``): malformed input, or limits it can never fit."""
 
 
+def new_request_id() -> str:
+    """An id for a request submitted without one (unique in this process among the ids chosen here)."""
+    return f"req-{next(_REQUEST_IDS)}"
+
+
 def encode_prompt(prompt, tokenizer, vocab_size: int) -> list[int]:
     """Token ids of a prompt given as ids (list / 1-D tensor / [1, n] tensor), text or chat messages, validated
     here so that a bad request is refused at ``submit`` instead of failing the engine step it would join."""
@@ -250,7 +255,7 @@ class Request:
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, eos_token_ids: set[int], *,
                  request_id: str | None = None, device: torch.device | str = "cpu"):
-        self.request_id = request_id if request_id is not None else f"req-{next(_REQUEST_IDS)}"
+        self.request_id = request_id if request_id is not None else new_request_id()
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.eos_token_ids = eos_token_ids

@@ -267,3 +267,17 @@ def test_numpy_and_torch_integer_stop_ids_stop_like_ints(target, draft):
     for eos in (np.int64(stop), [np.int32(stop)], torch.tensor(stop)):
         out = engine.submit(prompt, 12, eos_token_id=eos).result()
         assert out.token_ids == reference[:reference.index(stop) + 1] and out.finish_reason is FinishReason.STOP
+
+
+def test_an_engine_chosen_request_id_never_takes_one_in_use(target, draft, monkeypatch):
+    """A request without an id was given the next ``req-N``; when a caller's own id was that name the request was
+    refused for a duplicate id it never gave."""
+    import itertools
+
+    monkeypatch.setattr(requests_module, "_REQUEST_IDS", itertools.count())
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    mine = engine.submit([5, 9, 7], 4, request_id="req-0")
+    other = engine.submit([8, 3, 4], 4)
+    assert other.request_id not in ("req-0", None)
+    assert mine.result().token_ids == greedy(target, [5, 9, 7], 4)
+    assert other.result().token_ids == greedy(target, [8, 3, 4], 4)
