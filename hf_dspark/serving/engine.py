@@ -64,6 +64,7 @@ from .requests import (
     resolve_sampling_params,
     stop_token_ids,
     target_stop_token_ids,
+    unapplied_generation_settings,
 )
 from .step_cost_source import CostSource, EngineStepCost
 
@@ -153,6 +154,13 @@ class DSparkEngine:
         self.log_interval_s = float(log_interval_s)
         self._raise_if_invalid_limits()
         self.default_eos_ids = target_stop_token_ids(target)
+        unapplied = unapplied_generation_settings(target)
+        if unapplied:
+            logger.warning("DSparkEngine does not apply these settings of target.generation_config, which plain "
+                           "target.generate does: %s; its tokens (greedy included) may differ from plain generate's. "
+                           "target.generate(..., assistant_model=drafter) applies its logits processors and stop "
+                           "rules.",
+                           ", ".join(f"{name}={value!r}" for name, value in unapplied.items()))
         self.cpu_linears = skinny_applies(target) and (
             skinny_pays(target) if cpu_linears is None else bool(cpu_linears))
         self.sps_cache_dir = sps_cache_dir

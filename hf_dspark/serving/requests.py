@@ -83,6 +83,29 @@ def target_stop_token_ids(target) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
+# Settings of a target's generation config that change plain ``generate``'s greedy tokens and the engine does not
+# apply (a request's settings are its SamplingParams), with their neutral values.
+_UNAPPLIED_GENERATION_SETTINGS = {
+    "repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,), "bad_words_ids": (), "min_length": (0,),
+    "min_new_tokens": (0,), "forced_bos_token_id": (), "forced_eos_token_id": (), "suppress_tokens": (),
+    "begin_suppress_tokens": (), "sequence_bias": (), "exponential_decay_length_penalty": (), "stop_strings": (),
+    "guidance_scale": (1.0,), "num_beams": (1,), "max_time": (),
+}
+
+
+def unapplied_generation_settings(target) -> dict[str, object]:
+    """The target's generation-config settings (non-neutral) that plain ``generate`` applies and the engine does
+    not: where there are any, the engine's greedy tokens may differ from plain greedy's."""
+    config = getattr(target, "generation_config", None)
+    found = {}
+    for name, neutral in _UNAPPLIED_GENERATION_SETTINGS.items():
+        value = getattr(config, name, None)
+        if value is None or value in neutral or (isinstance(value, (list, tuple, dict, str)) and not value):
+            continue
+        found[name] = value
+    return found
+
+
 def stop_token_ids(eos_token_id, default: set[int], vocab_size: int) -> set[int]:
     """A request's stop tokens: its ``eos_token_id`` (an int or a list of ints, numpy / torch integers too; an empty
     list never stops early), or ``default`` (the target's) when None. An id outside the vocabulary is refused: the

@@ -722,3 +722,20 @@ def test_generate_with_a_refused_prompt_leaves_no_request_behind(target, draft, 
     assert not engine._lookup.history.keys() and len(engine._prefixes) == 0
     outputs = engine.generate(prompts[:2], 8)
     assert [o.token_ids for o in outputs] == [continuations[tuple(p)][:8] for p in prompts[:2]]
+
+
+def test_generation_config_settings_the_engine_does_not_apply_are_named(target, draft, caplog):
+    """Plain ``generate`` applies the target's generation config (a repetition penalty changes its greedy tokens);
+    the engine does not, and said nothing: its greedy output silently differed from plain greedy's."""
+    prompt = random_prompts(1, seed=7)[0]
+    penalised = make_tiny_llama(seed=0)
+    penalised.generation_config.repetition_penalty = 1.5
+    penalised.generation_config.no_repeat_ngram_size = 0  # neutral: not named
+    with caplog.at_level("WARNING", logger="hf_dspark.serving"):
+        engine = DSparkEngine(penalised, None, "none")
+    assert "repetition_penalty=1.5" in caplog.text and "no_repeat_ngram_size" not in caplog.text
+    assert engine.submit(prompt, 16).result().token_ids != plain_greedy(penalised, prompt, 16)  # why it warns
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_dspark.serving"):
+        make_engine(target, draft)
+    assert "generation_config" not in caplog.text
