@@ -120,6 +120,7 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
 
 def read_checkpoint_index(path: Path) -> dict[str, TensorInfo]:
     """Every tensor of a safetensors checkpoint (single file or sharded with an index), validated."""
+    _raise_if_two_layouts(path)
     if (path / SINGLE_FILE).is_file():
         return _read_header(path / SINGLE_FILE)
     if (path / INDEX_FILE).is_file():
@@ -128,13 +129,45 @@ def read_checkpoint_index(path: Path) -> dict[str, TensorInfo]:
     if files:
         tensors: dict[str, TensorInfo] = {}
         for file in files:
-            tensors.update(_read_header(file))
+            for name, info in _read_header(file).items():
+                if name in tensors:  # no index says which file is the checkpoint's: refuse rather than pick one
+                    raise CheckpointError(f"{path}: tensor {name!r} is stored in both {tensors[name].file.name} and "
+                                          f"{file.name}, and no {SINGLE_FILE} or {INDEX_FILE} says which is the "
+                                          "drafter's. Keep only the drafter's weight files in the folder.")
+                tensors[name] = info
         return tensors
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     found = f"it has only {', '.join(pickles)}" if pickles else "it has no weight files"
     raise CheckpointError(f"{path} has no safetensors weights ({found}). hf-dspark loads safetensors only (pickled "
                           "weights can run code on load): re-save the drafter with save_pretrained(..., "
                           "safe_serialization=True) or convert it with safetensors.torch.save_file.")
+
+
+def _raise_if_two_layouts(path: Path) -> None:
+    """A folder with both a single weight file and a sharded checkpoint holds two drafters (transformers would load
+    the single file, whichever is newer): refuse instead of loading one of them silently."""
+    single, index = path / SINGLE_FILE, path / INDEX_FILE
+    if single.is_file() and index.is_file():
+        newer = max((single, index), key=lambda file: file.stat().st_mtime).name
+        raise CheckpointError(f"{path} holds two checkpoints: {SINGLE_FILE} and a sharded one ({INDEX_FILE} and its "
+                              f"shards; {newer} is the newer), so which weights are the drafter's is ambiguous. "
+                              "Delete the stale one (DSparkDraftModel.save_pretrained removes it when it re-saves "
+                              "into a folder).")
+
+
+def remove_stale_weights(path: Path) -> None:
+    """After transformers' ``save_pretrained`` into ``path``, delete what is left of an earlier save in the other
+    layout: it keeps an old single file beside new shards, and an old index whose shards it deleted."""
+    single, index = path / SINGLE_FILE, path / INDEX_FILE
+    if not (single.is_file() and index.is_file()):
+        return
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        shards = set()  # transformers writes a valid index: a broken one is the stale one
+    stale = single if shards and all((path / shard).is_file() for shard in shards) else index
+    stale.unlink()
+    logger.info("Removed %s, left in %s by an earlier save in the other layout.", stale.name, path)
 
 
 def _read_sharded(path: Path) -> dict[str, TensorInfo]:
@@ -197,4 +230,4 @@ def read_config(path: Path) -> dict:
 
 
 __all__ = ["CheckpointError", "INDEX_FILE", "SINGLE_FILE", "TensorInfo", "is_local_path", "load_rows", "load_tensors",
-           "read_checkpoint_index", "read_config", "resolve_checkpoint_dir"]
+           "read_checkpoint_index", "read_config", "remove_stale_weights", "resolve_checkpoint_dir"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,7 @@ from .architectures import (
     raise_if_built_by_another_class,
     register_drafter_architecture,
 )
+from .checkpoint_files import remove_stale_weights
 from .checkpoint_loading import from_pretrained_any_dialect
 from .configuration import DSparkConfig
 from .draft_cache import ContextUpdate, DraftCache
@@ -204,6 +206,14 @@ class DSparkDraftModel(PreTrainedModel):
     @classmethod
     def _from_pretrained_native(cls, path, *args, **kwargs) -> "DSparkDraftModel":
         return super().from_pretrained(path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """transformers' ``save_pretrained``, minus the weights of an earlier save in the other layout (single file /
+        sharded) that it leaves in the folder: :meth:`from_pretrained` refuses such a folder as ambiguous, and
+        transformers' own loader would read the older single file."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if (args[0] if args else kwargs.get("is_main_process", True)) and Path(save_directory).is_dir():
+            remove_stale_weights(Path(save_directory))
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload config, safetensors and a generated model card (README.md); see ``hf_dspark.hub.push_to_hub``.

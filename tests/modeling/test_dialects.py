@@ -649,3 +649,14 @@ def test_checkpoint_embedding_gives_the_target_signature(tmp_path, tiny_qwen3_ta
     write_dialect(tmp_path, "speculators", tiny_qwen3_target, "markov", True)
     model = DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
     assert model.config.target_embedding_signature == embedding_signature(tiny_qwen3_target)
+
+
+def test_unindexed_weight_files_storing_one_tensor_twice_are_refused(tmp_path, tiny_qwen3_target):
+    """Without model.safetensors or an index every *.safetensors is read; one tensor in two files was taken from
+    whichever file sorted last, silently."""
+    written = write_dialect(tmp_path, "deepspec", tiny_qwen3_target, "markov", True)
+    os.rename(tmp_path / "model.safetensors", tmp_path / "drafter.safetensors")
+    save_file({"fc.weight": torch.zeros_like(written["fc.weight"])}, str(tmp_path / "old_fc.safetensors"))
+    with pytest.raises(CheckpointError, match=r"tensor 'fc\.weight' is stored in both drafter\.safetensors and "
+                                              r"old_fc\.safetensors"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)

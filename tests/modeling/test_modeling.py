@@ -282,3 +282,26 @@ def test_drafters_saved_before_layer_styles_load_with_their_targets_layers(tiny_
     assert loaded.state_dict().keys() == legacy.state_dict().keys()
     with pytest.raises(ValueError, match="draft_layer_style='gpt2' is not one of"):
         DSparkDraftModel.from_target(tiny_target, num_layers=1, draft_layer_style="gpt2")
+
+
+def test_resaving_with_the_other_layout_loads_what_was_saved_last(tmp_path, tiny_target):
+    """transformers' save_pretrained leaves the other layout's weights in the folder (a single file beside new
+    shards, or an index whose shards it deleted): the drafter saved before was loaded, silently."""
+    first, second = make_drafter(tiny_target, seed=1), make_drafter(tiny_target, seed=2)
+    for sizes in (({}, {"max_shard_size": "20KB"}), ({"max_shard_size": "20KB"}, {})):
+        path = tmp_path / ("sharded_last" if sizes[1] else "single_last")
+        first.save_pretrained(path, **sizes[0])
+        second.save_pretrained(path, **sizes[1])
+        loaded = DSparkDraftModel.from_pretrained(path, target=tiny_target)
+        for name, tensor in second.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], tensor), (path.name, name)
+
+
+def test_a_folder_with_a_single_file_and_a_sharded_checkpoint_is_refused(tmp_path, tiny_target):
+    from hf_dspark.modeling.checkpoint_files import CheckpointError
+
+    make_drafter(tiny_target, seed=1).save_pretrained(tmp_path / "single")
+    make_drafter(tiny_target, seed=2).save_pretrained(tmp_path, max_shard_size="20KB")
+    (tmp_path / "model.safetensors").write_bytes((tmp_path / "single" / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match=r"holds two checkpoints: model\.safetensors and a sharded one"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_target)
