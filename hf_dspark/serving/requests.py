@@ -184,13 +184,16 @@ class SamplingParams:
     isolate: bool = False
 
     def __post_init__(self):
-        for name in ("max_new_tokens", "top_k", "seed"):
+        # None only where it means "off" (top_k, top_p, seed): a None limit or temperature failed a comparison
+        for name, optional in (("max_new_tokens", False), ("top_k", True), ("seed", True)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            if (value is not None or not optional) and (isinstance(value, bool)
+                                                        or not isinstance(value, numbers.Integral)):
                 raise RequestRejectedError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        for name in ("temperature", "top_p"):
+        for name, optional in (("temperature", False), ("top_p", True)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            if (value is not None or not optional) and (isinstance(value, bool)
+                                                        or not isinstance(value, numbers.Real)):
                 raise RequestRejectedError(f"{name} must be a real number, got {value!r}")
         for name in ("do_sample", "isolate"):
             # a truthy string ("no") or None would pass for a mode and fail inside a shared step or isolate silently

@@ -281,3 +281,14 @@ def test_an_engine_chosen_request_id_never_takes_one_in_use(target, draft, monke
     assert other.request_id not in ("req-0", None)
     assert mine.result().token_ids == greedy(target, [5, 9, 7], 4)
     assert other.result().token_ids == greedy(target, [8, 3, 4], 4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_new_tokens": None}, "max_new_tokens must be an int, got None"),  # TypeError: '<' not supported ...
+    ({"temperature": None}, "temperature must be a real number, got None"),  # TypeError: '>' not supported ...
+])
+def test_none_for_a_required_setting_is_refused_by_name(target, draft, kwargs, message):
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    with pytest.raises(RequestRejectedError, match=message):
+        engine.submit([5, 9, 7], **{"max_new_tokens": 4, **kwargs})
+    assert engine.metrics()["rejected_requests"] == 1
