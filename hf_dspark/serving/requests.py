@@ -158,7 +158,8 @@ class SamplingParams:
         max_new_tokens (`int`, defaults to 64): tokens to generate at most (EOS included).
         do_sample (`bool`, defaults to False): sample (lossless speculative sampling) instead of greedy decoding.
         temperature (`float`, defaults to 1.0), top_k (`int`, defaults to None), top_p (`float`, defaults to None):
-            sampling warpers, applied identically to the target's p and the drafter's q (ignored when greedy).
+            sampling warpers, applied identically to the target's p and the drafter's q (ignored when greedy;
+            ``temperature=0`` only there).
         seed (`int`, defaults to None): seeds the request's own generator (drafting, verification and the
             first token), so a seeded request never consumes other requests' randomness. Under ``none`` and
             ``fixed`` its output is then the same whatever runs beside it; under ``threshold`` (whose drafting stops
@@ -206,7 +207,8 @@ class SamplingParams:
                                        f"range), got {self.seed}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature > 0:
+        # temperature 0 is greedy's own (vLLM's and OpenAI's way of asking for it): ignored with do_sample=False
+        if not (self.temperature > 0 or (self.temperature == 0 and not self.do_sample)):
             raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 or None disables it), got {self.top_k}")

@@ -292,3 +292,14 @@ def test_none_for_a_required_setting_is_refused_by_name(target, draft, kwargs, m
     with pytest.raises(RequestRejectedError, match=message):
         engine.submit([5, 9, 7], **{"max_new_tokens": 4, **kwargs})
     assert engine.metrics()["rejected_requests"] == 1
+
+
+def test_temperature_zero_is_greedy_not_refused(target, draft):
+    """The warpers are documented as ignored when greedy, but ``temperature=0`` (vLLM's and OpenAI's way of saying
+    greedy) was refused with "use do_sample=False for greedy" on a request that was greedy already."""
+    engine = DSparkEngine(target, draft, "fixed", sps=SPS)
+    assert engine.submit([5, 9, 7], 6, temperature=0.0).result().token_ids == greedy(target, [5, 9, 7], 6)
+    with pytest.raises(RequestRejectedError, match="temperature must be > 0"):
+        engine.submit([5, 9, 7], 6, temperature=0.0, do_sample=True)
+    with pytest.raises(RequestRejectedError, match="temperature must be > 0"):
+        engine.submit([5, 9, 7], 6, temperature=-1.0)
