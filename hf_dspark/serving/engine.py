@@ -415,11 +415,22 @@ class DSparkEngine:
             if request.cancel_requested and not request.is_finished:
                 request.finish(FinishReason.CANCELLED)
             if request.is_finished:
-                if self._prefixes is not None:
-                    self._prefixes.keep(self._batch, row, request)
+                self._keep_prefix(row, request)
                 self._on_finished(request)
                 leaving.append(row)
         self._batch.vacate(leaving)
+
+    def _keep_prefix(self, row: int, request: Request) -> None:
+        """Leave a finished request's caches for its salt's next request. Only an optimisation: a failure here (out
+        of memory cutting the row out) keeps nothing and must not fail the step's requests, the finished one
+        included."""
+        if self._prefixes is None:
+            return
+        try:
+            self._prefixes.keep(self._batch, row, request)
+        except Exception:
+            logger.exception("keeping the caches of request %s failed; nothing kept for its next request",
+                             request.request_id)
 
     def _on_finished(self, request: Request) -> None:
         if self._lookup is not None and getattr(request, "lookup_row", False):

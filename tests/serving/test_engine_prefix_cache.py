@@ -169,3 +169,21 @@ def test_kept_caches_hold_no_autograd_graph(target, draft):
     tensors = [t for layer in entry.cache.layers for t in (layer.keys, layer.values)]
     tensors += entry.draft_cache.keys + entry.draft_cache.values
     assert not any(t.requires_grad for t in tensors)
+
+
+def test_a_failure_keeping_caches_fails_no_request(target, draft, monkeypatch):
+    """Keeping a finished request's caches is an optimisation: when it raised (out of memory cutting the row out),
+    the step failed every running request with an error, and the finished one never left the batch (its id stayed
+    in use)."""
+    engine = DSparkEngine(target, draft, "scheduled", sps=flat_cost())
+
+    def fails(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated out of memory while keeping a prefix")
+
+    monkeypatch.setattr(engine._prefixes, "keep", fails)
+    prompts = [list(range(3, 40)), list(range(50, 70))]
+    handles = [engine.submit(prompts[0], 6, request_id="short"), engine.submit(prompts[1], 14)]
+    assert [h.result().token_ids for h in handles] == [plain(target, prompts[0], 6), plain(target, prompts[1], 14)]
+    assert engine.metrics()["finished_requests"] == {"length": 2}
+    assert not engine.has_work()
+    assert engine.submit(prompts[0], 3, request_id="short").result().token_ids == plain(target, prompts[0], 3)
