@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -39,6 +40,16 @@ _OPTIONAL_INT_FIELDS = ("mask_token_id", "draft_vocab_size", "num_target_layers"
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# Per-position float lists (None allowed), and whether their entries must be > 0 (temperatures divide).
+_FLOAT_LIST_FIELDS = (("confidence_temperatures", True), ("confidence_offsets", False),
+                      ("greedy_confidence_temperatures", True), ("greedy_confidence_offsets", False),
+                      ("target_embedding_signature", False))
 
 
 def _version() -> str:
@@ -265,6 +276,40 @@ class DSparkConfig(PretrainedConfig):
         if not isinstance(self.target_layer_ids, list) or not all(_is_int(i) for i in self.target_layer_ids):
             raise ValueError(f"target_layer_ids={self.target_layer_ids!r} must be a list of integers (0-based target "
                              "decoder layers).")
+        # drafting compares, divides and indexes with these: a "0.5" from a hand-edited config.json failed deep
+        # inside the first generate call, and a mistyped signature skipped the wrong-target check silently
+        if not _is_finite_number(self.confidence_threshold) or self.confidence_threshold < 0:
+            raise ValueError(f"confidence_threshold={self.confidence_threshold!r} must be a finite number >= 0 (0 = "
+                             "always draft the whole block).")
+        for name, positive in _FLOAT_LIST_FIELDS:
+            values = getattr(self, name, None)
+            if values is not None and (not isinstance(values, list) or not all(
+                    _is_finite_number(v) and (v > 0 or not positive) for v in values)):
+                raise ValueError(f"{name}={values!r} must be a list of finite numbers{' > 0' * positive} or null "
+                                 "(hf-dspark calibrate and from_target write them).")
+        for key in ("hidden_size", "num_attention_heads", "vocab_size"):
+            if not _is_int(self.target_config[key]):
+                raise ValueError(f"target_config[{key!r}]={self.target_config[key]!r} must be an integer (the "
+                                 f"target's {key}).")
+        self._raise_if_target_config_invalid()
+
+    def _raise_if_target_config_invalid(self) -> None:
+        """The layers are built from ``AutoConfig.for_model(**target_config)``: check it builds here, so a mistyped
+        field is named now instead of raising transformers' StrictDataclassError from inside the model."""
+        from huggingface_hub.errors import StrictDataclassError
+        from transformers import AutoConfig
+
+        from .families import TARGET_FAMILIES
+
+        model_type = self.target_config["model_type"]
+        if model_type not in TARGET_FAMILIES:
+            return  # the model names the supported families and how to add one
+        try:
+            AutoConfig.for_model(**self.target_config)
+        except (StrictDataclassError, ValueError, TypeError) as err:
+            reason = " ".join(str(err).split())
+            raise ValueError(f"target_config is not a valid {model_type!r} config: {reason} (it is the target's "
+                             "text config: copy the field from the target's config.json).") from err
 
     # -- derived ------------------------------------------------------------------------------------------
     def calibration_for(self, greedy: bool) -> tuple[list[float] | None, list[float] | None]:

@@ -588,6 +588,22 @@ def _set(key, value):
     (_set("target_config", {}), "target_config={} must be the target's text config"),
     (lambda config: config["target_config"].pop("vocab_size"), r"target_config has no \['vocab_size'\]"),
     (_drop("model_type"), "model_type=None on an hf-dspark drafter config"),  # not read as another dialect
+    # these loaded, then failed inside drafting (TypeError / ValueError) or skipped the target check silently
+    (_set("confidence_threshold", "0.5"), r"confidence_threshold='0\.5' must be a finite number >= 0"),
+    (_set("confidence_temperatures", ["1"] * 5), r"confidence_temperatures=\['1', .* must be a list of finite "
+                                                 r"numbers > 0"),
+    (_set("confidence_temperatures", [0.0] * 5), r"confidence_temperatures=\[0\.0, .* must be a list of finite "
+                                                 r"numbers > 0"),
+    (_set("confidence_offsets", [None] * 5), r"confidence_offsets=\[None, .* must be a list of finite numbers"),
+    (_set("target_embedding_signature", "abc"), "target_embedding_signature='abc' must be a list of finite numbers"),
+    # a confusing "vocab_size=96 disagrees with target_config['vocab_size']=96", and transformers' own
+    # StrictDataclassError from inside the model's construction for the other target fields
+    (lambda config: config["target_config"].__setitem__("vocab_size", "96"),
+     r"target_config\['vocab_size'\]='96' must be an integer"),
+    (lambda config: config["target_config"].__setitem__("rms_norm_eps", "1e-6"),
+     r"target_config is not a valid 'llama' config: .*'rms_norm_eps'"),
+    (lambda config: config["target_config"].__setitem__("num_attention_heads", 3),
+     r"target_config is not a valid 'llama' config: .*not a multiple of the number of attention heads"),
 ])
 def test_damaged_native_config_is_one_error_naming_the_field(tmp_path, tiny_drafter, tiny_target, damage, message):
     from hf_dspark.loading import ModelLoadError, load_drafter
