@@ -72,7 +72,7 @@ def resolve_checkpoint_dir(name_or_path, **kwargs) -> Path:
     try:
         root = Path(snapshot_download(str(name_or_path), revision=kwargs.get("revision"),
                                       cache_dir=kwargs.get("cache_dir"), local_files_only=local_only,
-                                      token=kwargs.get("token"),
+                                      token=kwargs.get("token"), force_download=bool(kwargs.get("force_download")),
                                       allow_patterns=[prefix + pattern for pattern in ("*.json", "*.safetensors",
                                                                                         "*.md")]))
     except Exception as err:  # huggingface_hub raises several unrelated types for "not available"

@@ -103,8 +103,55 @@ def _raise_if_bad_draft_vocabulary(model, path: Path) -> None:
                               "drafter (set_draft_vocabulary checks the ids).")
 
 
+# from_pretrained keywords a foreign checkpoint (filled by assignment, not by transformers) honours ...
+_FOREIGN_OPTIONS = frozenset({"dtype", "torch_dtype", "device_map", "subfolder", "revision", "cache_dir",
+                              "local_files_only", "token", "force_download"})
+# ... and those that have nothing to change there: no remote code runs, nothing is initialised lazily or randomly,
+# only safetensors are read, and the drafter's own attention runs whatever the implementation asked for
+_FOREIGN_NO_OPS = frozenset({"trust_remote_code", "low_cpu_mem_usage", "use_safetensors", "attn_implementation"})
+
+
+def _raise_if_foreign_options_ignored(dialect: Dialect, args: tuple, kwargs: dict) -> None:
+    """transformers applies other keywords (config overrides, quantization, ...) to our own format; a foreign one
+    would drop them silently, so they are refused by name (a typo too, as transformers' TypeError does)."""
+    unknown = sorted(set(kwargs) - _FOREIGN_OPTIONS - _FOREIGN_NO_OPS)
+    if args or unknown:
+        what = f"positional arguments {args!r}" if args else f"keyword argument(s) {unknown}"
+        raise TypeError(f"from_pretrained() got {what}, which a {dialect.name}-format drafter does not take (it "
+                        f"accepts {sorted(_FOREIGN_OPTIONS)}). Config fields of a foreign checkpoint come from its "
+                        "config.json: convert it (hf-dspark convert SRC DST --to native) to override them.")
+
+
+def _resolve_dtype(dtype) -> torch.dtype | None:
+    """transformers' ``dtype`` / ``torch_dtype`` values: a torch dtype, its name, or "auto" / None (as stored)."""
+    if dtype is None or dtype == "auto":
+        return None
+    resolved = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype: pass e.g. torch.bfloat16, 'bfloat16' or 'auto'.")
+    return resolved
+
+
+def _resolve_device(device_map, dialect: Dialect) -> torch.device | None:
+    """The one device a foreign drafter is put on: a device (name or index), ``{"": device}``, or "auto" (the first
+    GPU when there is one). A drafter is small and runs beside its target, so it is never split."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict) and set(device_map) == {""}:
+        device_map = device_map[""]
+    if device_map == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device_map, (str, int, torch.device)) and not isinstance(device_map, bool):
+        try:
+            return torch.device(device_map)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device_map={device_map!r} is not a device: {err}") from err
+    raise ValueError(f"device_map={device_map!r}: a {dialect.name}-format drafter loads on one device; pass a "
+                     "device ('cuda:0', 'cpu'), {'': device} or 'auto' (it moves to its target's device when bound).")
+
+
 def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
-                  vocabulary: DraftVocabulary | None = None):
+                  vocabulary: DraftVocabulary | None = None, device: torch.device | None = None):
     """Fill the empty drafter by assignment from the mapped tensors (no random initialisation anywhere)."""
     signature = stored_embedding_signature(tensors, model.config.target_config.get("vocab_size"))
     if signature is not None:
@@ -116,8 +163,8 @@ def _load_foreign(model, path: Path, dialect: Dialect, tensors, mapping, dtype,
             # stored draft index order[j] is our (ascending) index j: permute the draft-vocabulary rows alike
             state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][vocabulary.order]
     model.load_state_dict(state, strict=True, assign=True)
-    if dtype is not None and dtype != "auto":
-        model = model._cast_to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    if dtype is not None or device is not None:
+        model = model._cast_to(dtype, device)
     model.config._name_or_path = str(path)
     logger.info("Loaded a %s-format drafter from %s (%d tensors, target tensors dropped).", dialect.name, path,
                 len(mapping))
@@ -188,9 +235,11 @@ def from_pretrained_any_dialect(cls, name_or_path, *args, target=None, **kwargs)
     if plan.dialect.load_with_transformers:
         model = _load_native(plan.cls, plan.path, *args, **kwargs)
     else:
-        dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        _raise_if_foreign_options_ignored(plan.dialect, args, kwargs)
+        dtype = _resolve_dtype(kwargs.get("dtype", kwargs.get("torch_dtype")))
+        device = _resolve_device(kwargs.get("device_map"), plan.dialect)
         model = _load_foreign(_empty_model(plan.cls, plan.config), plan.path, plan.dialect, plan.tensors,
-                              plan.mapping, dtype, plan.vocabulary)
+                              plan.mapping, dtype, plan.vocabulary, device)
     _raise_if_bad_draft_vocabulary(model, plan.path)
     if target is not None:
         model = model.bind_target(target)  # casts to the target's dtype and device

@@ -676,3 +676,27 @@ def test_unindexed_weight_files_storing_one_tensor_twice_are_refused(tmp_path, t
     with pytest.raises(CheckpointError, match=r"tensor 'fc\.weight' is stored in both drafter\.safetensors and "
                                               r"old_fc\.safetensors"):
         DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+
+
+def test_foreign_load_refuses_options_it_would_ignore_and_honours_device_map(tmp_path, tiny_qwen3_target,
+                                                                             monkeypatch):
+    """A foreign checkpoint is filled by assignment, not by transformers: its from_pretrained options beyond dtype
+    and where to find the files were dropped silently (a typo, a config override, device_map, a bad dtype name)."""
+    write_dialect(tmp_path, "deepspec", tiny_qwen3_target, "markov", True)
+    with pytest.raises(TypeError, match=r"\['torch_dtpye'\], which a deepspec-format drafter does not take"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target, torch_dtpye=torch.float16)
+    with pytest.raises(TypeError, match=r"\['block_size'\]"):  # native checkpoints take config overrides
+        DSparkDraftModel.from_pretrained(tmp_path, block_size=2)
+    with pytest.raises(ValueError, match=r"dtype='float1' is not a torch dtype"):
+        DSparkDraftModel.from_pretrained(tmp_path, dtype="float1")
+    with pytest.raises(ValueError, match=r"device_map=\{'fc': 'cpu', 'layers': 'cuda:1'\}: .* one device"):
+        DSparkDraftModel.from_pretrained(tmp_path, device_map={"fc": "cpu", "layers": "cuda:1"})
+    casts = []
+    cast = DSparkDraftModel._cast_to
+    monkeypatch.setattr(DSparkDraftModel, "_cast_to", lambda self, dtype, device=None: casts.append(
+        (dtype, device)) or cast(self, dtype, device))
+    for device_map in ("cpu", torch.device("cpu"), {"": "cpu"}):
+        model = DSparkDraftModel.from_pretrained(tmp_path, device_map=device_map, dtype="bfloat16",
+                                                 trust_remote_code=True)
+        assert model.device == torch.device("cpu") and model.dtype == torch.bfloat16
+    assert casts == [(torch.bfloat16, torch.device("cpu"))] * 3
