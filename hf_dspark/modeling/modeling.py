@@ -52,6 +52,9 @@ from .target_compatibility import (
 logger = logging.getLogger(__name__)
 
 
+# save_pretrained keywords that only matter with push_to_hub=True (hub.push_to_hub's upload options)
+_PUSH_ONLY_OPTIONS = ("commit_message", "commit_description", "private", "create_pr", "revision", "tags")
+
 # Callables run with the target whenever a drafter is bound to it (layers above modeling register here, so
 # modeling never imports them).
 TARGET_BIND_HOOKS: list = []
@@ -207,13 +210,23 @@ class DSparkDraftModel(PreTrainedModel):
     def _from_pretrained_native(cls, path, *args, **kwargs) -> "DSparkDraftModel":
         return super().from_pretrained(path, *args, **kwargs)
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs) -> None:
         """transformers' ``save_pretrained``, minus the weights of an earlier save in the other layout (single file /
         sharded) that it leaves in the folder: :meth:`from_pretrained` refuses such a folder as ambiguous, and
-        transformers' own loader would read the older single file."""
+        transformers' own loader would read the older single file.
+
+        ``push_to_hub=True`` (with ``repo_id``, default the folder's name, and the upload options) uploads through
+        :meth:`push_to_hub`, with the generated model card, not through transformers' upload and generic card.
+        """
+        upload = {key: kwargs.pop(key) for key in _PUSH_ONLY_OPTIONS if push_to_hub and key in kwargs}
+        repo_id = kwargs.pop("repo_id", None) if push_to_hub else None
+        upload.update({key: kwargs[key] for key in ("max_shard_size", "token") if push_to_hub and key in kwargs})
         super().save_pretrained(save_directory, *args, **kwargs)
-        if (args[0] if args else kwargs.get("is_main_process", True)) and Path(save_directory).is_dir():
+        is_main_process = args[0] if args else kwargs.get("is_main_process", True)
+        if is_main_process and Path(save_directory).is_dir():
             remove_stale_weights(Path(save_directory))
+        if push_to_hub and is_main_process:
+            self.push_to_hub(repo_id or Path(save_directory).name, **upload)
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload config, safetensors and a generated model card (README.md); see ``hf_dspark.hub.push_to_hub``.

@@ -71,3 +71,18 @@ def test_eagle3_drafters_push_through_the_same_uploader():
     from hf_dspark import Eagle3DraftModel
 
     assert Eagle3DraftModel.push_to_hub is DSparkDraftModel.push_to_hub
+
+
+def test_save_pretrained_with_push_to_hub_uploads_through_the_registered_uploader(tiny_drafter, monkeypatch, tmp_path):
+    """save_pretrained(push_to_hub=True) ran transformers' own upload: a generic model card written over ours, the
+    upload tagged 'transformers' (what push_to_hub is overridden to prevent)."""
+    calls = []
+    monkeypatch.setattr(publishing, "_HUB_UPLOADERS", [])
+    register_hub_uploader(lambda drafter, repo_id, **kwargs: calls.append((drafter, repo_id, kwargs)) or "commit")
+    tiny_drafter.save_pretrained(tmp_path / "my-drafter", push_to_hub=True, commit_message="first", private=True)
+    tiny_drafter.save_pretrained(tmp_path / "other", push_to_hub=True, repo_id="org/named", max_shard_size="1GB")
+    assert calls == [(tiny_drafter, "my-drafter", {"commit_message": "first", "private": True}),
+                     (tiny_drafter, "org/named", {"max_shard_size": "1GB"})]
+    assert {path.name for path in (tmp_path / "my-drafter").iterdir()} == {"config.json", "model.safetensors"}
+    loaded = DSparkDraftModel.from_pretrained(tmp_path / "my-drafter")
+    assert all(loaded.state_dict()[name].equal(tensor) for name, tensor in tiny_drafter.state_dict().items())
