@@ -349,8 +349,8 @@ def _speculators_config(raw: dict, target) -> DSparkConfig:
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     extras = _hf_dspark_fields(raw)  # our own export: restore what it recorded (top-k included)
     extras.setdefault("sequential_top_k", _FOREIGN_TOP_K)
-    stored_num_target_layers = extras.pop("num_target_layers", None)
-    num_target_layers = _num_layers(target) or stored_num_target_layers
+    # the count our export recorded wins over the given target's, so binding refuses a target of another depth
+    num_target_layers = extras.pop("num_target_layers", None) or _num_layers(target)
     target_config = _target_text_config(layer, num_target_layers)
     # speculators builds every draft layer as a Qwen3 layer, whatever its verifier: the layers keep that style and
     # the target's family (the given target's, else the one our own export recorded) is what binding checks.

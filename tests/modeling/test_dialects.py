@@ -700,3 +700,14 @@ def test_foreign_load_refuses_options_it_would_ignore_and_honours_device_map(tmp
                                                  trust_remote_code=True)
         assert model.device == torch.device("cpu") and model.dtype == torch.bfloat16
     assert casts == [(torch.bfloat16, torch.device("cpu"))] * 3
+
+
+def test_speculators_export_for_a_deeper_target_is_refused(tmp_path, tiny_qwen3_target):
+    """Our speculators export records the target's layer count (hf_dspark block); the given target's count was used
+    instead, so a drafter for a 6-layer target loaded for a 4-layer one sharing its embedding, tapping other layers."""
+    shapes = layout_shapes(tiny_qwen3_target.config, "markov", True)
+    config = speculators_config(tiny_qwen3_target, "markov", True, hf_dspark={"num_target_layers": 6})
+    write(tmp_path, config, with_target_tensors(random_tensors(shapes), tiny_qwen3_target))
+    with pytest.raises(ValueError, match="num_hidden_layers=6, but the given target has num_hidden_layers=4"):
+        DSparkDraftModel.from_pretrained(tmp_path, target=tiny_qwen3_target)
+    assert DSparkDraftModel.from_pretrained(tmp_path).config.num_target_layers == 6  # no target: the recorded count
