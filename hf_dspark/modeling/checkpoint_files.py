@@ -98,15 +98,16 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
             header = json.loads(handle.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise CheckpointError(f"{file} is corrupt: its safetensors header is not valid JSON ({err}).") from err
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{file} is corrupt: its safetensors header is not a JSON object.")
     data_bytes = size - 8 - header_len
     tensors = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        try:
-            (begin, end), shape = meta["data_offsets"], tuple(int(x) for x in meta["shape"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{file} is corrupt: the header entry of tensor {name!r} is malformed.") from err
+        if not _is_tensor_entry(meta):
+            raise CheckpointError(f"{file} is corrupt: the header entry of tensor {name!r} is malformed ({meta!r}).")
+        (begin, end), shape = meta["data_offsets"], tuple(meta["shape"])
         if end > data_bytes:
             raise CheckpointError(f"{file} is truncated: tensor {name!r} needs bytes {begin}..{end} of the data "
                                   f"section but the file holds only {data_bytes}. Re-download or re-save it.")
@@ -116,6 +117,16 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
                                   f"take {expected} bytes but its header gives {end - begin}.")
         tensors[name] = TensorInfo(file, meta["dtype"], shape)
     return tensors
+
+
+def _is_tensor_entry(meta) -> bool:
+    """safetensors' layout of one header entry: a dtype name, a shape of sizes and two ordered byte offsets."""
+    def sizes(values, count=None) -> bool:
+        return (isinstance(values, list) and (count is None or len(values) == count)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values))
+
+    return (isinstance(meta, dict) and isinstance(meta.get("dtype"), str) and sizes(meta.get("shape"))
+            and sizes(meta.get("data_offsets"), 2) and meta["data_offsets"][0] <= meta["data_offsets"][1])
 
 
 def read_checkpoint_index(path: Path) -> dict[str, TensorInfo]:
@@ -173,10 +184,15 @@ def remove_stale_weights(path: Path) -> None:
 def _read_sharded(path: Path) -> dict[str, TensorInfo]:
     try:
         weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError) as err:
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError(f"weight_map must map tensor names to shard file names, got {weight_map!r:.80}")
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path / INDEX_FILE} is corrupt (no valid 'weight_map'): {err}") from err
     headers = {}
     for shard in sorted(set(weight_map.values())):
+        if not (path / shard).resolve().is_relative_to(path.resolve()):
+            raise CheckpointError(f"{path / INDEX_FILE} names a shard outside the checkpoint folder ({shard!r}); "
+                                  "shards are files inside it.")
         if not (path / shard).is_file():
             tensor = next(name for name, file in weight_map.items() if file == shard)
             raise CheckpointError(f"{path}: shard {shard} (holding tensor {tensor!r}) listed in {INDEX_FILE} is "

@@ -520,6 +520,43 @@ def test_corrupt_header_is_reported(tmp_path, tiny_qwen3_target):
         read_checkpoint_index(tmp_path)
 
 
+def _write_raw_safetensors(path, header) -> None:
+    import struct
+
+    path.mkdir(parents=True, exist_ok=True)
+    encoded = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(encoded)) + encoded + bytes(16))
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ([], "its safetensors header is not a JSON object"),
+    ({"fc.weight": {"shape": [2], "data_offsets": [0, 8]}}, "the header entry of tensor 'fc.weight' is malformed"),
+    ({"fc.weight": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}},
+     "the header entry of tensor 'fc.weight' is malformed"),
+    ({"fc.weight": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}},
+     "the header entry of tensor 'fc.weight' is malformed"),
+])
+def test_malformed_safetensors_header_is_one_error(tmp_path, header, message):
+    """Headers that are valid JSON but not safetensors' layout raised AttributeError / KeyError / TypeError (or
+    passed, with a negative offset)."""
+    _write_raw_safetensors(tmp_path, header)
+    with pytest.raises(CheckpointError, match=f"model.safetensors is corrupt: {message}"):
+        read_checkpoint_index(tmp_path)
+
+
+@pytest.mark.parametrize(("index", "message"), [
+    ([1], "no valid 'weight_map'"),
+    ({"weight_map": [1]}, "no valid 'weight_map'"),
+    ({"weight_map": {"fc.weight": 5}}, "no valid 'weight_map'"),
+    ({"weight_map": {"fc.weight": "../other/model.safetensors"}}, "names a shard outside the checkpoint folder"),
+])
+def test_malformed_index_is_one_error(tmp_path, index, message):
+    _write_raw_safetensors(tmp_path.parent / "other", {})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=message):
+        read_checkpoint_index(tmp_path)
+
+
 def test_missing_tensor_is_named(tmp_path, tiny_qwen3_target):
     written = write_dialect(tmp_path, "deepspec", tiny_qwen3_target, "rnn", True)
     del written["layers.1.mlp.down_proj.weight"]
