@@ -193,10 +193,9 @@ def load_dflash_in_dspark(target, dflash) -> DSparkDraftModel | None:
     drafter. None where that dialect does not load (no DFlash in transformers, non-Qwen3 targets)."""
     if dflash is None or target.config.model_type != "qwen3":
         return None
-    param = next(target.parameters())
     with tempfile.TemporaryDirectory() as tmp:
         dflash.save_pretrained(tmp)
-        return DSparkDraftModel.from_pretrained(tmp, target=target).to(device=param.device, dtype=param.dtype).eval()
+        return DSparkDraftModel.from_pretrained(tmp, target=target).eval()  # binding casts, RoPE kept float32
 
 
 def variant_kwargs(variant: str, num_tokens: int) -> dict:

@@ -152,7 +152,7 @@ def build_drafter(target, cache_dir: str | os.PathLike, manifest: dict, recipe: 
 def _continued_drafter(target, recipe: DrafterRecipe):
     from ..modeling import DSparkDraftModel
 
-    drafter = DSparkDraftModel.from_pretrained(recipe.init_from, target=target).to(next(target.parameters()).dtype)
+    drafter = DSparkDraftModel.from_pretrained(recipe.init_from, target=target)  # binding casts (RoPE kept float32)
     if recipe.grow_to_layers:
         logger.info("Growing the drafter from %d to %d layer(s)", drafter.config.num_hidden_layers,
                     recipe.grow_to_layers)

@@ -57,3 +57,23 @@ def test_drafters_built_for_the_cache(cache):
                                                                    draft_vocab_size=30))
     for name, tensor in drafter.state_dict().items():  # seeded: the same initialisation every run
         assert (again.state_dict()[name] == tensor).all(), name
+
+
+def test_a_continued_drafter_for_a_bf16_target_keeps_float32_rope(cache, tmp_path):
+    """``init_from`` cast the loaded drafter to the target's dtype by hand after binding: in bf16 that rounded RoPE's
+    inverse frequencies too (binding keeps them float32), so a bf16 run trained a drafter that attends to its
+    context unlike the same weights served."""
+    import torch
+
+    from hf_dspark.modeling import DSparkDraftModel
+
+    target, path, manifest = cache
+    start = DSparkDraftModel.from_target(target, num_layers=1, block_size=4, markov_rank=8)
+    start.save_pretrained(tmp_path / "start")
+    reference = {n: b.clone() for n, b in start.named_buffers() if n.startswith("rotary_emb.")}
+    bf16_target = make_tiny_llama().to(torch.bfloat16)
+    drafter, _ = build_drafter(bf16_target, path, manifest, DrafterRecipe(init_from=tmp_path / "start"))
+    assert drafter.dtype == torch.bfloat16 and reference
+    for name, buffer in drafter.named_buffers():
+        if name in reference:
+            assert buffer.dtype == torch.float32 and torch.equal(buffer, reference[name]), name
