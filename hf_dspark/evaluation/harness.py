@@ -195,7 +195,14 @@ class BenchmarkResult:
 
     @property
     def tau(self) -> float:
-        return self.stats["tau"]
+        """Pooled τ; NaN when the benchmark gave no rounds (no prompts, or ``max_new_tokens`` too small for one), so
+        tables show "–" and the macro means leave it out instead of averaging in a τ of 0."""
+        return self.stats["tau"] if self.stats["rounds"] else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts; NaN when the benchmark gave no rounds (for the same reason as :attr:`tau`)."""
+        return self.stats["acceptance_rate"] if self.stats["rounds"] else float("nan")
 
     @property
     def speculative_tokens_per_second(self) -> float:
@@ -214,7 +221,8 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(tau=self.tau, speculative_tokens_per_second=self.speculative_tokens_per_second,
+        out.update(tau=self.tau, acceptance_rate=self.acceptance_rate,
+                   speculative_tokens_per_second=self.speculative_tokens_per_second,
                    plain_tokens_per_second=self.plain_tokens_per_second, speedup=self.speedup)
         return out
 

@@ -60,7 +60,7 @@ def _tau_table(result) -> str:
 def _row(group, benchmark: str, temperature: float, prompts: str) -> list[str]:
     row = [benchmark, _fmt(temperature, "g"), prompts] + [_fmt(r.tau) for r in group]
     row += [_fmt(group[0].tau / other.tau if other.tau else None) for other in group[1:]]
-    row += [_pct(r.stats["acceptance_rate"]) for r in group] + [_fmt(group[0].plain_tokens_per_second, ".1f")]
+    row += [_pct(r.acceptance_rate) for r in group] + [_fmt(group[0].plain_tokens_per_second, ".1f")]
     row += [_fmt(r.speculative_tokens_per_second, ".1f") for r in group]
     row += [_fmt(r.speedup, ".2f", "×") for r in group]
     return row
@@ -73,7 +73,7 @@ def _mean_row(per_bench, temperature: float) -> list[str]:
     row = ["**mean**", _fmt(temperature, "g"), str(sum(g[0].num_prompts for g in per_bench))]
     row += [_fmt(t) for t in taus]
     row += [_fmt(taus[0] / other if taus[0] and other else None) for other in taus[1:]]
-    row += [_pct(_mean([g[i].stats["acceptance_rate"] for g in per_bench])) for i in range(n)]
+    row += [_pct(_mean([g[i].acceptance_rate for g in per_bench])) for i in range(n)]
     row += [_fmt(_mean([g[0].plain_tokens_per_second for g in per_bench]), ".1f")]
     row += [_fmt(_mean([g[i].speculative_tokens_per_second for g in per_bench]), ".1f") for i in range(n)]
     row += [_fmt(_mean([g[i].speedup for g in per_bench]), ".2f", "×") for i in range(n)]
