@@ -304,6 +304,7 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
     derived from those rounds by :func:`threshold_sweep`.
     With ``measure_speedup`` each batch also runs through plain ``target.generate`` (same prompts, seed,
     dtype and settings) right before the speculative runs, so both see the same machine load."""
+    _raise_if_nothing_to_evaluate(benchmarks, temperatures)
     named = _named_drafters(drafter)
     for d in named.values():
         _ensure_bound(d, target)
@@ -344,6 +345,15 @@ def evaluate(target, tokenizer, drafter, *, benchmarks: Sequence[str | Benchmark
                 if report is not None:
                     result.calibration[(name, float(temperature))] = report
     return result
+
+
+def _raise_if_nothing_to_evaluate(benchmarks: Sequence, temperatures: Sequence[float]) -> None:
+    """Without a benchmark or a temperature there is no result to report (the report's tables would be empty and
+    the per-position one has no width), so say which argument is empty before any model runs."""
+    if not list(benchmarks):
+        raise ValueError("evaluate needs at least one benchmark: pass benchmarks=, e.g. DEFAULT_BENCHMARKS")
+    if not list(temperatures):
+        raise ValueError("evaluate needs at least one temperature: pass temperatures=, e.g. (0.0, 1.0)")
 
 
 def _cap(name: str, max_samples: int | None, sample_caps: Mapping[str, int] | None) -> int | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from hf_dspark.evaluation.harness import BenchmarkResult, EvalResult
+import pytest
+
+from hf_dspark.evaluation.harness import BenchmarkResult, EvalResult, evaluate
 from hf_dspark.evaluation.recorder import RoundTrace
 from hf_dspark.evaluation.report import markdown_report
 
@@ -32,3 +34,12 @@ def test_a_benchmark_without_rounds_has_no_tau_and_stays_out_of_the_mean():
     assert rows["mt-bench"][3:5] == ["–", "–"]
     assert rows["**mean**"][3:5] == ["2.00", "33.3%"]
     assert results[1].to_dict()["tau"] != results[1].to_dict()["tau"]  # NaN, written as null in results.json
+
+
+def test_evaluate_refuses_empty_benchmarks_or_temperatures():
+    # Checked before any model is touched: an empty run used to end in "max() arg is an empty sequence" when the
+    # report was written.
+    with pytest.raises(ValueError, match="at least one benchmark"):
+        evaluate(None, None, object(), benchmarks=[])
+    with pytest.raises(ValueError, match="at least one temperature"):
+        evaluate(None, None, object(), benchmarks=["gsm8k"], temperatures=())
