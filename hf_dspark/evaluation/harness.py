@@ -68,11 +68,14 @@ def threshold_sweep(trace: RoundTrace, thresholds: Sequence[float] = DEFAULT_THR
     of the very same drafts: accepted_t = min(accepted, m_t). A round that the threshold does not cut short
     (m_t ≥ accepted) commits what it committed; a cut one commits its m_t accepted drafts plus the bonus.
     (Later rounds would start elsewhere; like the paper's Fig. 5 this is a per-round view.)"""
+    if not len(trace):  # checked first: an empty trace has no confidence logits either, but that is not why
+        raise ValueError("a threshold sweep needs at least one recorded round; the trace is empty (no prompts, or "
+                         "max_new_tokens too small for a verification round)")
     if not trace.has_confidence:
         raise ValueError("a threshold sweep needs confidence logits in every round (a drafter with a confidence "
                          "head); DFlash-style drafters have none")
     confidence = calibrated_confidence(trace.confidence_logits, temperatures, offsets)
-    rounds = max(len(trace), 1)
+    rounds = len(trace)
     out = ThresholdSweep([], [], [], [])
     for t in thresholds:
         # the library's one threshold rule (what generate and the engine run): verify up to the first c_k < t

@@ -59,6 +59,12 @@ def test_threshold_sweep_needs_confidence():
         threshold_sweep(RoundTrace.from_rounds([4], [1], block_size=4))
 
 
+def test_threshold_sweep_of_no_rounds_says_the_trace_is_empty():
+    # not "needs confidence logits": the drafter may well have a confidence head, it just recorded no round
+    with pytest.raises(ValueError, match="at least one recorded round"):
+        threshold_sweep(RoundTrace.from_rounds([], [], np.zeros((0, 4))))
+
+
 def test_count_new_tokens_stops_at_the_first_eos():
     seqs = torch.tensor([[9, 9, 5, 2, 0, 0], [9, 9, 5, 6, 7, 8], [9, 9, 2, 0, 0, 0]])
     assert count_new_tokens(seqs, 2, {2}) == 2 + 4 + 1
