@@ -71,6 +71,8 @@ def run_heldout(target, tokenizer, drafter, prompts: Sequence[HeldOutPrompt], *,
                 batch_size: int = 8, temperature: float = 0.0, seed: int = DEEPSPEC_SEED,
                 tag: str = "") -> HeldOutRun:
     """Every round of ``drafter`` on ``prompts`` (threshold 0, full block) and the target's answers."""
+    if not prompts:  # no rounds: the summary's τ of 0 would read as a drafter that never gets a draft accepted
+        raise ValueError("run_heldout needs at least one prompt (is the held-out prompt file empty?)")
     recorder = RoundRecorder(drafter.config.block_size, tag=tag)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     gen_kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": pad, **sampling_kwargs(temperature)}

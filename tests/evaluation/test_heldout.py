@@ -152,3 +152,8 @@ def test_feature_ablations_alter_only_the_features(tmp_path):
     assert set(results) == set(FEATURE_ABLATIONS)
     table = ablation_table({"dspark, chat": results})
     assert table.count("\n") == 2 and "features zeroed" in table
+
+
+def test_run_heldout_refuses_no_prompts():
+    with pytest.raises(ValueError, match="at least one prompt"):
+        run_heldout(None, None, None, [])
