@@ -174,9 +174,18 @@ def calibrated_confidence(conf_logits, temperatures=None, offsets=None) -> np.nd
     logits = np.asarray(conf_logits.detach().cpu().double() if isinstance(conf_logits, torch.Tensor)
                         else conf_logits, dtype=np.float64)
     gamma = logits.shape[1]
-    temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
-    shift = np.zeros(gamma) if offsets is None else np.asarray(offsets, dtype=np.float64)[:gamma]
+    temps = np.ones(gamma) if temperatures is None else _per_position(temperatures, gamma, "temperatures")
+    shift = np.zeros(gamma) if offsets is None else _per_position(offsets, gamma, "offsets")
     return _sigmoid(logits / temps + shift)
+
+
+def _per_position(values, gamma: int, name: str) -> np.ndarray:
+    """The first γ entries of a fit; a shorter fit is refused (numpy would broadcast a single value to every
+    position, scoring the rounds with a fit made for another block size)."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(values) < gamma:
+        raise ValueError(f"{len(values)} calibration {name} for rounds of {gamma} positions: give one per position")
+    return values[:gamma]
 
 
 def cumulative_confidence(conf_logits, temperatures=None, offsets=None) -> np.ndarray:

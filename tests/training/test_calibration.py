@@ -223,3 +223,15 @@ def test_split_half_noise_floor_and_report_field():
     assert all(np.isfinite(r.ece_noise_floor) and r.ece_noise_floor > 0 for r in report)
     skipped = calibration_report(u, prefix, temperatures=[1.0, 1.0, 1.0], noise_floor_draws=0)
     assert all(np.isnan(r.ece_noise_floor) for r in skipped)
+
+
+def test_a_fit_shorter_than_the_recorded_positions_is_refused():
+    """One temperature for three positions was broadcast to all of them (two gave a numpy broadcasting error): a
+    fit made for another block size scored these rounds as if it were theirs."""
+    from hf_dspark.training.calibration import calibrated_confidence
+
+    logits = np.zeros((4, 3))
+    for temps, offsets in (([2.0], None), ([2.0, 1.0], None), (None, [0.1])):
+        with pytest.raises(ValueError, match="3 positions"):
+            calibrated_confidence(logits, temps, offsets)
+    assert calibrated_confidence(logits, [1.0] * 5, [0.0] * 5).shape == (4, 3)  # a longer fit: its first γ
