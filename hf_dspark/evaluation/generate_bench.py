@@ -191,10 +191,10 @@ def _result_row(name: str, base: str, runs: dict, temperature: float) -> dict:
            "ratio_vs_plain_fp32": tps / plain_tps if plain_tps else None,
            "ratio_vs_prompt_lookup": tps / lookup_tps if lookup_tps else None,
            "identical_to_plain_greedy": run["identical"] if temperature == 0 else None}
-    if run["stats"]:
-        merged = run["stats"][0]
-        for stats in run["stats"][1:]:
-            merged = merged.merge(stats)
+    merged = None
+    for stats in run["stats"]:
+        merged = stats if merged is None else merged.merge(stats)
+    if merged is not None and merged.rounds and sum(runs[base]["tokens"]):  # no round ran: no τ to report
         per_token = sum(runs[base]["seconds"]) / sum(runs[base]["tokens"])  # baseline seconds per token
         c_draft = merged.draft_seconds / merged.rounds / per_token
         v_gamma = merged.verify_seconds / merged.rounds / per_token

@@ -122,3 +122,15 @@ def test_the_runs_show_a_progress_bar(tiny_target, tiny_drafter, capsys):
     assert "bench: 100%" in err and "4/4" in err
     run_generate_bench(WordTokenizer(), configs, [("gsm8k", "w5")], settings, progress=False)
     assert "bench" not in capsys.readouterr().err
+
+
+def test_an_arm_that_ran_no_round_has_no_tau_instead_of_a_zero_division():
+    """A speculative arm whose calls all ended before a round (a one-token answer) raised ZeroDivisionError while its
+    row was written, losing the whole benchmark's results."""
+    from hf_dspark.evaluation.generate_bench import _result_row
+    from hf_dspark.metrics import DSparkStats
+
+    runs = {"plain": {"seconds": [2.0], "tokens": [1], "identical": True, "stats": []},
+            "dspark": {"seconds": [1.0], "tokens": [1], "identical": True, "stats": [DSparkStats(block_size=4)]}}
+    row = _result_row("dspark", "plain", runs, 0.0)
+    assert row["ratio_vs_baseline"] == 2.0 and row.get("tau") is None
