@@ -19,6 +19,7 @@ from dataclasses import fields
 
 import torch
 from transformers import DynamicCache
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -43,10 +44,31 @@ from ..speculation.verification import verify
 logger = logging.getLogger(__name__)
 
 
+# Decoding methods plain generate switches to on these settings (``GenerationConfig.get_generation_mode``) -> the
+# settings to name. The speculative loop runs greedy decoding or sampling only: it would ignore them (greedy tokens).
+_OTHER_DECODING_METHODS = {
+    GenerationMode.DOLA_GENERATION: "dola_layers (DoLa decoding)",
+    GenerationMode.CONTRASTIVE_SEARCH: "penalty_alpha with top_k > 1 (contrastive search)",
+    GenerationMode.CONSTRAINED_BEAM_SEARCH: "force_words_ids / constraints (constrained beam search)",
+}
+
+
+def _raise_if_other_decoding_method(generation_config) -> None:
+    """Settings that make plain ``generate`` run another decoding method than greedy or sampling. Why here: with an
+    assistant transformers picks assisted generation whatever they say (its own assistants ignore them too, with a
+    warning), and so reached the DSpark loop, which returned greedy tokens instead."""
+    mode = generation_config.get_generation_mode()  # the method plain generate (no assistant) would run
+    if mode in _OTHER_DECODING_METHODS:
+        raise ValueError(f"{_OTHER_DECODING_METHODS[mode]} selects another decoding method than greedy or sampling, "
+                         "which a DSpark assistant_model does not run (it would return greedy tokens instead): drop "
+                         "the setting, or drop assistant_model.")
+
+
 def _raise_if_unsupported(model, generation_config, cache, prompt_length: int) -> None:
     if getattr(generation_config, "num_beams", 1) not in (None, 1):
         raise ValueError("hf-dspark speculative decoding does not support beam search (num_beams > 1); use greedy "
                          "or sampling (do_sample=True), or drop assistant_model for beam search.")
+    _raise_if_other_decoding_method(generation_config)
     if getattr(generation_config, "num_return_sequences", 1) not in (None, 1):
         raise ValueError("num_return_sequences > 1 is not supported with a DSpark assistant; repeat the prompt in "
                          "the batch instead (batches of any size are supported).")

@@ -395,3 +395,17 @@ def test_a_stopping_criterion_reading_scores_is_handed_them_as_in_plain_generate
             continue
         assert len(mine) == len(theirs)
         assert all(a.shape == b.shape and torch.allclose(a, b, atol=1e-4) for a, b in zip(mine, theirs))
+
+
+@pytest.mark.parametrize("setting, name", [
+    ({"dola_layers": "low"}, "dola_layers"),
+    ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),
+    ({"force_words_ids": [[5]]}, "force_words_ids"),
+], ids=["dola", "contrastive_search", "constrained_beam_search"])
+@pytest.mark.parametrize("where", ["keyword", "generation_config"])
+def test_settings_choosing_another_decoding_method_are_refused(target, draft, setting, name, where):
+    """These settings make plain generate run another decoding method (DoLa, contrastive search, constrained beam
+    search); with a DSpark assistant they were ignored and greedy tokens came back."""
+    passed = setting if where == "keyword" else {"generation_config": GenerationConfig(max_new_tokens=4, **setting)}
+    with pytest.raises(ValueError, match=f"{name}.*DSpark assistant_model"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
