@@ -161,6 +161,7 @@ def _raise_if_invalid_generate_kwargs(drafter, args: tuple, kwargs: dict, stream
         raise ValueError(f"dspark_confidence_threshold={threshold!r} must be a finite number >= 0 (0 = always draft "
                          "the whole block; above 1 = never draft).")
     _raise_if_assisted_generation_settings(args, kwargs)
+    _raise_if_other_positions(args, kwargs)
     _raise_if_spent_cache(kwargs)
     rows = _num_rows(args, kwargs)
     if streamer is not None and rows > 1:
@@ -198,6 +199,28 @@ def _num_rows(args: tuple, kwargs: dict) -> int:
     """The batch size of the call's input ids (1 when they are not a 2-D tensor: transformers will say why)."""
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     return inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 else 1
+
+
+def _raise_if_other_positions(args: tuple, kwargs: dict) -> None:
+    """``position_ids=`` other than those of the attention mask (each row's own tokens counted from 0). Why: plain
+    generate prefills with the positions passed to it and counts on from their last one; the speculative loop
+    derives every row's positions from its attention mask (prefill, drafter context, verification), so other
+    positions were ignored and gave other tokens. Positions of masked (padding) slots are not read by either."""
+    positions = kwargs.get("position_ids")
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if positions is None or not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
+        return
+    mask = kwargs.get("attention_mask")
+    mask = torch.ones_like(inputs) if mask is None else mask.to(inputs.device).long()
+    positions = torch.as_tensor(positions, device=inputs.device)
+    same = positions.shape[-1] == mask.shape[-1] and positions.dim() <= 2 and positions.shape[:-1] in (
+        (), (1,), mask.shape[:1])
+    if same:
+        same = bool(((positions == mask.cumsum(-1) - 1) | (mask == 0)).all())
+    if not same:
+        raise ValueError("position_ids= other than the attention mask's (each row's tokens at 0, 1, 2, ...) are not "
+                         "supported with a DSpark assistant_model: the speculative loop derives positions from the "
+                         "attention mask, so yours would be ignored. Drop position_ids (or assistant_model).")
 
 
 def _passed_cache(kwargs: dict):

@@ -409,3 +409,16 @@ def test_settings_choosing_another_decoding_method_are_refused(target, draft, se
     passed = setting if where == "keyword" else {"generation_config": GenerationConfig(max_new_tokens=4, **setting)}
     with pytest.raises(ValueError, match=f"{name}.*DSpark assistant_model"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
+
+
+def test_position_ids_other_than_the_masks_are_refused(target, draft):
+    """Plain generate prefills with the position_ids passed to it; the loop derives positions from the attention
+    mask, so other position ids gave other tokens. Those equal to the mask's are taken (the same tokens)."""
+    kwargs = {"max_new_tokens": 6, "do_sample": False}
+    with pytest.raises(ValueError, match="position_ids="):
+        target.generate(PROMPT, position_ids=torch.arange(10)[None] * 3, assistant_model=draft, **kwargs)
+    ids, mask = left_padded_batch()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    expected = target.generate(ids, attention_mask=mask, position_ids=positions, **kwargs)
+    got = target.generate(ids, attention_mask=mask, position_ids=positions, assistant_model=draft, **kwargs)
+    assert torch.equal(got, expected)
