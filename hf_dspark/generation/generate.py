@@ -111,10 +111,17 @@ def _raise_if_not_left_padded(attention_mask: torch.Tensor | None) -> None:
 class StopRules:
     """transformers' stopping criteria for one ragged batch: the max length and EOS ids are checked on the host
     from the committed tokens (no per-token tensor); any other criterion (stop strings, max time, yours) is
-    called per committed token on the row's view, as plain generate calls it."""
+    called per committed token on the row's view, as plain generate calls it.
 
-    def __init__(self, criteria, max_length: int | None):
+    In lockstep (a batch without an EOS criterion) another criterion does not stop a row: plain ``generate`` pads
+    the rows that stopped only when an EOS criterion is present (``has_eos_stopping_criteria``); without one they
+    go on decoding, and the whole batch ends at the step where its last row stopped (:meth:`batch_end`)."""
+
+    def __init__(self, criteria, max_length: int | None, num_rows: int = 1):
         self.max_length, self.eos_ids, self.others = max_length, set(), []
+        self.lockstep = num_rows > 1 and not any(hasattr(c, "eos_token_id") for c in criteria or [])
+        self.num_rows = num_rows
+        self.stopped_at: dict[int, int] = {}  # lockstep: row -> its length when a criterion first stopped it
         for criterion in criteria or []:
             if isinstance(criterion, MaxLengthCriteria):
                 self.max_length = min(self.max_length or criterion.max_length, criterion.max_length)
@@ -137,14 +144,24 @@ class StopRules:
             tokens.append(row, [token])
             length = tokens.lengths[row]
             stop = token in self.eos_ids or (self.max_length is not None and length >= self.max_length)
-            if self.others:  # every criterion sees every step, the last one too, as in plain generate
+            if self.others and row not in self.stopped_at:  # every criterion sees every step, the last one too
                 if scores is not None:
                     scores = scores + (new_scores[i: i + 1],)
-                verdicts = [bool(c(tokens.view(row)[None], scores).any()) for c in self.others]
-                stop = stop or any(verdicts)
+                if any([bool(c(tokens.view(row)[None], scores).any()) for c in self.others]):
+                    if self.lockstep:  # stopped, as plain generate's flag is sticky; its tokens go on
+                        self.stopped_at[row] = length
+                    else:
+                        stop = True
             if stop:
                 return i + 1, True
         return len(new), False
+
+    def batch_end(self) -> int | None:
+        """Lockstep: once a criterion has stopped every row, the length all rows end at (the length of the row that
+        stopped last, where plain generate's batch ends); None before, and outside lockstep."""
+        if not self.lockstep or len(self.stopped_at) < self.num_rows:
+            return None
+        return max(self.stopped_at.values())
 
 
 def _threshold_policy(drafter, num_tokens: int | None, threshold: float | None) -> VerifyPolicy:
@@ -345,7 +362,7 @@ class _GenerateCall:
         self.mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.long)
         bsz = input_ids.shape[0]
         self.stats = drafter.stats = DSparkStats.new(drafter.config.block_size)
-        self.stop = StopRules(stopping_criteria, generation_config.max_length)
+        self.stop = StopRules(stopping_criteria, generation_config.max_length, num_rows=bsz)
         self.max_length = self.stop.max_length or input_ids.shape[1] + (generation_config.max_new_tokens or 0)
         self.row_processors = adapt_for_rows(logits_processor, input_ids, (self.mask.cumsum(-1) == 0).sum(-1).tolist())
         reads_ids = not RowLogitsProcessor(self.row_processors[0] if self.row_processors else None, []).ids_independent
@@ -397,6 +414,8 @@ class _GenerateCall:
             self._record(b, processed["logits"][b:b + 1], raw[b:b + 1])
             if not finished:
                 active.append(b)
+        ended = self._end_in_lockstep()
+        active = [b for b in active if b not in ended]
         if self.streamer is not None:
             self.streamer.put(first.cpu())
         batch = RaggedBatch(model.config, self.input_ids.device)
@@ -431,6 +450,8 @@ class _GenerateCall:
                 self.lookup.commit(b, result.tokens[i][:n])
             if not finished:
                 still.append(i)
+        ended = self._end_in_lockstep()
+        still = [i for i in still if active[i] not in ended]
         stats = self.stats
         stats.observe_round(result.num_drafts, result.num_accepted, committed, result.sources)
         stats.draft_seconds += result.draft_seconds
@@ -442,6 +463,25 @@ class _GenerateCall:
         if self.streamer is not None and committed[0]:
             self.streamer.put(torch.tensor(result.tokens[0][: committed[0]]))
         return still
+
+    def _end_in_lockstep(self) -> set[int]:
+        """Lockstep (see :class:`StopRules`): once every row has stopped, every row ends at the batch's end, as in
+        plain generate; returns the rows that reached it (cut back to it: rows run ahead of one another, and the
+        tokens past the end are ones plain generate never decodes). Rows still short of it go on until it."""
+        end = self.stop.batch_end()
+        if end is None:
+            return set()
+        self.max_length = self.stop.max_length = min(self.max_length, end)
+        ended = set()
+        for row in range(len(self.tokens)):
+            if self.tokens.lengths[row] >= end:
+                self.tokens.truncate(row, end)
+                for per_row in (self.scores, self.raw_logits):
+                    if per_row is not None:
+                        del per_row[row][end - self.tokens.prompt_length:]
+                ended.add(row)
+        # NOTE: the lookup proposer keeps the cut tokens as history: they only ever become drafts, which are verified
+        return ended
 
     def start_lookup(self, lookup) -> None:
         self.lookup = lookup

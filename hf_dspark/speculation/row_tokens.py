@@ -55,6 +55,11 @@ class RowTokens:
             self._fit(self.lengths[row])
             self.buffer[row, start:start + len(tokens)] = torch.tensor(list(tokens), dtype=self.buffer.dtype)
 
+    def truncate(self, row: int, length: int) -> None:
+        """Drop the row's tokens after its first ``length`` (the device mirror is read up to ``lengths`` only)."""
+        del self.host[row][length:]
+        self.lengths[row] = min(self.lengths[row], length)
+
     def view(self, row: int) -> torch.Tensor:
         """[length] the row as plain batched generate holds it (left padding included)."""
         if self.buffer is None:  # no mirror (nobody reads ids on the hot path): build it, O(length)

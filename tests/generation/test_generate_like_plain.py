@@ -422,3 +422,43 @@ def test_position_ids_other_than_the_masks_are_refused(target, draft):
     expected = target.generate(ids, attention_mask=mask, position_ids=positions, **kwargs)
     got = target.generate(ids, attention_mask=mask, position_ids=positions, assistant_model=draft, **kwargs)
     assert torch.equal(got, expected)
+
+
+class _StopAfter:
+    """A stopping criterion that stops a row once its last token is one of ``tokens`` (no ``eos_token_id``)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = torch.tensor(tokens)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.isin(input_ids[:, -1], self.tokens)
+
+
+@pytest.mark.parametrize("output", [None, "scores"])
+def test_without_eos_rows_stopped_by_a_criterion_go_on_as_in_plain_generate(target, draft, output):
+    """Plain generate pads a stopped row only when an EOS criterion is present: without one (no eos_token_id), a row
+    stopped by another criterion (stop strings, yours) goes on decoding until every row has stopped, and the batch
+    ends at the step its last row stopped. The loop padded such rows instead (other tokens)."""
+    from transformers import StoppingCriteriaList
+
+    ids, mask = left_padded_batch()
+    full = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    # each row stops at its own step: its 2nd, 4th and 7th token (or earlier, where one of these comes sooner)
+    stop_tokens = [int(full[0, 11]), int(full[1, 13]), int(full[2, 16])]
+    kwargs = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False, "eos_token_id": None,
+              "pad_token_id": 0}
+    if output:
+        kwargs.update(return_dict_in_generate=True, output_scores=True)
+    expected = target.generate(ids, stopping_criteria=StoppingCriteriaList([_StopAfter(stop_tokens)]), **kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The target cache is not handed back")
+        got = target.generate(ids, stopping_criteria=StoppingCriteriaList([_StopAfter(stop_tokens)]),
+                              assistant_model=draft, dspark_lookup=False, dspark_confidence_threshold=0.0, **kwargs)
+    sequences = (got.sequences, expected.sequences) if output else (got, expected)
+    assert 10 < sequences[1].shape[1] < full.shape[1]  # the criterion ended the batch before max_new_tokens
+    assert torch.equal(sequences[1], full[:, :sequences[1].shape[1]])  # no row was padded: all went on
+    assert torch.equal(*sequences)
+    if output:
+        assert len(got.scores) == len(expected.scores)
+        for a, b in zip(got.scores, expected.scores):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
