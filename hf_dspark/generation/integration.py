@@ -64,6 +64,7 @@ _ASSISTED_GENERATION_SETTINGS = {
     "prompt_lookup_num_tokens": "dspark_lookup (lookup proposals are on by default)",
     "max_matching_ngram_size": "dspark_lookup (lookup proposals are on by default)",
     "assistant_early_exit": None, "assistant_lookbehind": None, "target_lookbehind": None,
+    "use_mtp": None,  # the target's multi-token-prediction heads as the assistant
 }
 
 
@@ -247,7 +248,7 @@ def _raise_if_assisted_generation_settings(args: tuple, kwargs: dict) -> None:
     config = _passed_config(args, kwargs)
     for name, instead in _ASSISTED_GENERATION_SETTINGS.items():
         value = kwargs[name] if name in kwargs else getattr(config, name, None)
-        if value is not None:
+        if value is not None and value is not False:  # use_mtp=False asks for nothing
             fix = f"use {instead} instead" if instead else "drop it"
             raise ValueError(f"{name}={value!r} tunes transformers' own assisted generation, which a DSpark "
                              f"assistant_model replaces (it would be ignored): {fix}.")

@@ -324,6 +324,7 @@ def test_inputs_embeds_are_refused(target, draft, with_ids):
     ({"num_assistant_tokens_schedule": "constant"}, "dspark_policy"),
     ({"prompt_lookup_num_tokens": 3}, "dspark_lookup"),
     ({"assistant_lookbehind": 5}, "drop it"),
+    ({"use_mtp": True}, "drop it"),  # the target's multi-token-prediction heads as transformers' assistant
 ], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
 @pytest.mark.parametrize("where", ["keyword", "generation_config"])
 def test_settings_of_transformers_assisted_generation_are_refused(target, draft, setting, instead, where):
@@ -332,6 +333,11 @@ def test_settings_of_transformers_assisted_generation_are_refused(target, draft,
     passed = setting if where == "keyword" else {"generation_config": GenerationConfig(**setting)}
     with pytest.raises(ValueError, match=f"{name}=.*{instead}"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft, **passed)
+
+
+def test_use_mtp_false_asks_for_nothing_and_is_taken(target, draft):
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "use_mtp": False}
+    assert torch.equal(target.generate(PROMPT, assistant_model=draft, **kwargs), target.generate(PROMPT, **kwargs))
 
 
 def test_a_prompt_masked_inside_is_refused(target, draft):
