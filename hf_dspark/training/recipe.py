@@ -22,8 +22,8 @@ import torch
 
 from .draft_vocabulary import count_answer_tokens, coverage, most_frequent_tokens
 from .losses import LossConfig
-from .target_cache import (MIN_LOSS_TOKENS, TargetCacheDataset, TargetCacheError, build_target_cache, read_jsonl,
-                           target_logits_function, validate_manifest, write_target_logsumexp)
+from .target_cache import (MIN_LOSS_TOKENS, TargetCacheDataset, TargetCacheError, build_target_cache,
+                           read_conversations, target_logits_function, validate_manifest, write_target_logsumexp)
 from .trainer import DSparkTrainer, DSparkTrainingConfig, make_accelerator, steps_for_epochs
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,13 @@ class TrainingRecipe:
 
 def cache_conversations(target, tokenizer, data_files: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
                         recipe: CacheRecipe | None = None) -> dict:
-    """Build or extend the target cache at ``out_dir`` from jsonl files of ``{"id", "messages"}``; the manifest."""
+    """Build or extend the target cache at ``out_dir`` from jsonl(.gz) files of ``{"id", "messages"}``; the manifest.
+
+    Every file is read and checked before the target runs (:class:`ConversationFileError` names a bad one): a
+    record without messages in the last file failed after the others had been cached. The files are small next to
+    their cache (a few MB of text for GBs of features), so holding their records costs nothing that matters."""
     recipe = recipe or CacheRecipe()
-    records = itertools.chain.from_iterable(read_jsonl(path) for path in data_files)
+    records = itertools.chain.from_iterable([read_conversations(path) for path in data_files])
     if recipe.limit is not None:
         records = itertools.islice(records, recipe.limit)
     manifest = build_target_cache(target, tokenizer, records, out_dir,

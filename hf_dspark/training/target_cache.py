@@ -21,11 +21,13 @@ temporary name and renamed, then the manifest is rewritten atomically; a crash l
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,16 +140,57 @@ def chat_template_hash(tokenizer) -> str:
     return hashlib.sha256(str(template).encode()).hexdigest()[:16]
 
 
+class ConversationFileError(ValueError):
+    """A conversation file the cache cannot read (not UTF-8 text, damaged gzip data, a line that is not a record, a
+    record without ``messages``, no records at all): the message names the file, the line and what is wrong."""
+
+
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("Skipping a damaged line %d in %s", line_no, path)
+    """The records of a jsonl file (``.gz``: gzip-compressed), one JSON object a line.
+
+    A line that is not valid JSON is skipped with a warning: an interrupted regeneration leaves one, and regenerates
+    its conversation (``regenerate._done_ids``). Anything else wrong stops with a :class:`ConversationFileError`.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    logger.warning("Skipping a damaged line %d in %s", line_no, path)
+                    continue
+                if not isinstance(record, dict):
+                    raise ConversationFileError(f"{path}, line {line_no}: a JSON {type(record).__name__}, not a "
+                                                "record (one JSON object a line).")
+                yield record
+    except UnicodeDecodeError:
+        raise ConversationFileError(f"{path} is not UTF-8 text (a gzip-compressed file needs a name ending in "
+                                    "'.gz').") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # a truncated or damaged download / copy
+        raise ConversationFileError(f"{path}: damaged gzip data ({err}).") from None
+
+
+def read_conversations(path: str | os.PathLike) -> list[dict]:
+    """The chat records ``{"id", "messages": [{"role", "content"}, ...]}`` of one file, checked before the target
+    runs: a record without them (a prompt file passed as data) would otherwise fail after caching part of the
+    file, and an empty file would leave a cache without conversations whose error comes only at training."""
+    records = list(read_jsonl(path))
+    for line_no, record in enumerate(records, 1):
+        messages = record.get("messages")
+        if not (isinstance(messages, list) and messages
+                and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+            raise ConversationFileError(
+                f"{path}: record {line_no} (id {record.get('id')!r}) has no 'messages' list of {{'role', 'content'}} "
+                f"turns (keys: {sorted(record)}). The cache takes the target's answered conversations (the "
+                "train.jsonl of hf-dspark regenerate), not prompt files.")
+    if not records:
+        raise ConversationFileError(f"{path} holds no conversations: give the train.jsonl that hf-dspark regenerate "
+                                    "wrote.")
+    return records
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -321,7 +364,7 @@ def build_target_cache(target, tokenizer, records: Iterable[dict] | str | os.Pat
         manifest = existing
     done = _cached_ids(cache_dir, manifest)
     if isinstance(records, (str, os.PathLike)):
-        records = read_jsonl(records)
+        records = read_conversations(records)
     counts = {"skipped_cached": 0, "dropped_short": 0}
     bytes_per_token = (len(layer_ids) + 1) * tcfg.hidden_size * STORAGE_DTYPES[dtype].itemsize + 5
     shard_tokens = max(1, shard_size_mb * 2**20 // bytes_per_token)

@@ -1,5 +1,7 @@
+import gzip
 import json
 import pickle
+import re
 
 import pytest
 import torch
@@ -9,10 +11,12 @@ from conftest import make_tiny_llama, make_tiny_qwen3
 from hf_dspark import DSparkDraftModel
 from hf_dspark.training.target_cache import (
     MANIFEST_NAME,
+    ConversationFileError,
     TargetCacheDataset,
     build_target_cache,
     collate_target_batch,
     load_manifest,
+    read_conversations,
     tokenize_conversation,
     validate_manifest,
 )
@@ -190,3 +194,41 @@ def test_logsumexp_side_car_and_answer_token_counts(built_cache, tmp_path):
         expected_counts += torch.bincount(data[i]["input_ids"][data[i]["loss_mask"].bool()],
                                           minlength=target.config.vocab_size)
     assert torch.equal(counts, expected_counts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Conversation files: what `hf-dspark cache --data` reads
+# ---------------------------------------------------------------------------------------------------------
+def _conversation_bytes(records) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+BAD_CONVERSATION_FILES = {  # name -> (file name, contents, message)
+    "empty": ("train.jsonl", b"\n", "holds no conversations"),
+    "a prompt file": ("prompts.jsonl", b'{"turns": ["Hi"]}\n', "record 1 (id None) has no 'messages' list"),
+    "turns without content": ("train.jsonl", b'{"id": "a", "messages": [{"role": "user"}]}\n', "has no 'messages'"),
+    "not a record": ("train.jsonl", b'["a", "b"]\n', "line 1: a JSON list, not a record"),
+    "gzip named .jsonl": ("train.jsonl", gzip.compress(b'{"id": "a"}\n'), "is not UTF-8 text"),
+    "truncated gzip": ("train.jsonl.gz", gzip.compress(_conversation_bytes(make_chat_records(4)))[:60],
+                       "damaged gzip data"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONVERSATION_FILES))
+def test_a_conversation_file_that_cannot_be_cached_names_the_file_and_the_problem(case, tmp_path):
+    """Such files raised KeyError / AttributeError / UnicodeDecodeError from inside the caching loop (after part
+    of the data had been cached), and an empty file made a cache without conversations."""
+    name, contents, message = BAD_CONVERSATION_FILES[case]
+    path = tmp_path / name
+    path.write_bytes(contents)
+    with pytest.raises(ConversationFileError, match=re.escape(message)) as err:
+        read_conversations(path)
+    assert str(path) in str(err.value)
+
+
+def test_conversation_files_may_be_gzipped_and_skip_an_interrupted_line(tmp_path, caplog):
+    records = make_chat_records(3)
+    lines = _conversation_bytes(records).splitlines(keepends=True)
+    (tmp_path / "train.jsonl.gz").write_bytes(gzip.compress(b"".join([lines[0], b'{"id": "cut", "mess\n', *lines[1:]])))
+    assert read_conversations(tmp_path / "train.jsonl.gz") == records
+    assert "Skipping a damaged line 2" in caplog.text  # what an interrupted regeneration leaves; it regenerates it
