@@ -419,6 +419,24 @@ def test_missing_benchmark_files_fail_before_any_model_loads(argv, recorded_load
     assert recorded_loaders == []
 
 
+@pytest.mark.parametrize("argv", [["eval", "--drafter", "d", "--out", "o", "--benchmarks", "gsm8k", "mt-bench"],
+                                  ["serve-bench", "--out", "o"], ["bench", "--out", "o"],
+                                  ["bench", "--prompts", "mt-bench.jsonl", "--out", "o"]],
+                         ids=["eval", "serve-bench", "bench", "bench --prompts"])
+def test_an_empty_prompt_file_fails_before_any_model_loads(argv, recorded_loaders, tmp_path, monkeypatch, capsys):
+    """An empty benchmark file gave eval a row of dashes (exit 0, as if it had been measured), and an empty
+    bench --prompts file failed after the models had loaded."""
+    for name in ("gsm8k", "humaneval"):
+        (tmp_path / f"{name}.jsonl").write_text('{"turns": ["What is 2 + 2?"]}\n')
+    (tmp_path / "mt-bench.jsonl").write_text("\n")
+    monkeypatch.setenv("HF_DSPARK_EVAL_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert run(argv) == 2
+    err = _one_line_error(capsys, argv[0])
+    assert "mt-bench.jsonl" in err and "holds no prompts" in err
+    assert recorded_loaders == []
+
+
 def test_a_missing_benchmark_file_names_each_folder_once(monkeypatch, tmp_path):
     from hf_dspark.evaluation import benchmarks
 

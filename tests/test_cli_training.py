@@ -162,3 +162,26 @@ def test_prompts_overlapping_the_evaluation_sets_are_one_error_line(command, sav
                           "--prompts", str(tmp_path / "mine.jsonl")]}[command]
     assert run(argv + common) == 2
     assert "overlap the evaluation sets" in _one_line_error(capsys, command)
+
+
+def test_a_prompt_file_given_as_conversations_is_one_error_line(saved, tmp_path, capsys):
+    """A record without messages raised KeyError from inside the caching loop, after the earlier files were cached."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"turns": ["w5 w6"]}) + "\n")
+    assert run(["cache", "--target", str(saved / "llama"), "--data", str(saved / "train.jsonl"),
+                str(tmp_path / "prompts.jsonl"), "--out", str(tmp_path / "cache"), "--threads", "1"]) == 2
+    err = _one_line_error(capsys, "cache")
+    assert f"{tmp_path / 'prompts.jsonl'}: record 1 (id None) has no 'messages' list" in err
+    assert not (tmp_path / "cache").exists()  # checked before the target ran over the first file
+
+
+@pytest.mark.parametrize("contents", ["", '{"turns": ["w5"]}\n{"turns": ["w6"\n'], ids=["empty", "damaged line"])
+def test_calibration_prompts_that_cannot_be_used_fail_before_loading(contents, no_target_loading, tmp_path, capsys):
+    """An empty prompt file raised ValueError (a traceback) after the target had loaded, a damaged line a bare
+    JSONDecodeError that named neither the file nor the line."""
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "config.json").write_text("{}")
+    (tmp_path / "prompts.jsonl").write_text(contents)
+    assert run(["calibrate", "--drafter", str(tmp_path / "drafter"), "--out", str(tmp_path / "out"), "--prompts",
+                str(tmp_path / "prompts.jsonl")]) == 2
+    err = _one_line_error(capsys, "calibrate")
+    assert str(tmp_path / "prompts.jsonl") in err and ("holds no prompts" in err or ":2: not valid JSON" in err)

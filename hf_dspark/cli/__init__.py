@@ -53,17 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes a user fixes by changing the command (a bad path, a drafter for another target, a refused export,
     a target cache of another target, a used run folder, prompts overlapping the evaluation sets, missing benchmark
-    prompts): reported as one line, exit code 2. Anything else is a bug and keeps its traceback."""
+    prompts, a conversation or prompt file that cannot be read or holds nothing): reported as one line, exit code 2.
+    Anything else is a bug and keeps its traceback."""
     from ..hub.export import SpeculatorsExportError
     from ..hub.upload import UploadError
     from ..loading import ModelLoadError
     from ..modeling.checkpoint_files import CheckpointError
-    from ..training.prompts import EvalOverlapError
-    from ..training.target_cache import TargetCacheError
+    from ..training.prompts import EvalOverlapError, PromptFileError
+    from ..training.target_cache import ConversationFileError, TargetCacheError
     from ..training.trainer import RunDirectoryError
 
     return (ModelLoadError, CheckpointError, SpeculatorsExportError, TargetCacheError, RunDirectoryError,
-            EvalOverlapError, UploadError, FileNotFoundError, NotADirectoryError)
+            EvalOverlapError, UploadError, ConversationFileError, PromptFileError,
+            FileNotFoundError, NotADirectoryError)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:

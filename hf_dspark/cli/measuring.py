@@ -146,7 +146,7 @@ def add_eval(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..evaluation.benchmarks import benchmark_path
+    from ..evaluation.benchmarks import read_benchmark_prompts
     from ..evaluation.harness import evaluate, label_drafters
     from ..loading import load_drafter, load_target, raise_if_bad_paths
 
@@ -154,8 +154,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.names and len(args.names) != len(paths):
         args.parser.error(f"--names needs {len(paths)} labels (one per drafter), got {len(args.names)}")
     raise_if_bad_paths(args.target, paths)
-    for name in args.benchmarks:  # a missing file fails before the models load, not after
-        benchmark_path(name, args.eval_dir)
+    for name in args.benchmarks:  # a missing or empty file fails before the models load, not after
+        read_benchmark_prompts(name, args.eval_dir)
     _set_threads(args.threads)
     target, tokenizer = load_target(args.target, args.dtype, device=args.device or _device_default())
     drafters = label_drafters([load_drafter(path, target).model for path in paths], args.names)
@@ -340,7 +340,7 @@ def add_serve_bench(sub) -> None:
 def cmd_serve_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..evaluation.benchmarks import benchmark_path
+    from ..evaluation.benchmarks import read_benchmark_prompts
     from ..evaluation.plots import plot_throughput_frontier
     from ..evaluation.serving_bench import (BENCHMARKS, ServingBenchSettings, median_over_repeats, run_serving_bench,
                                             serving_prompts, step_kind_table, summary_table)
@@ -353,7 +353,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         args.parser.error(f"--min-new-tokens {args.min_new_tokens} is above --max-new-tokens {args.max_new_tokens}")
     raise_if_bad_paths(args.target, [args.drafter])
     for name in BENCHMARKS if args.workload == "prompts" else ():  # before the models load, not after
-        benchmark_path(name, args.eval_dir)
+        read_benchmark_prompts(name, args.eval_dir)
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..training.prompts import read_prompts
+from ..training.prompts import Prompt, PromptFileError, read_prompts
 
 DEEPSPEC_SEED = 980406
 DEFAULT_BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
@@ -93,10 +93,19 @@ def load_benchmark(name: str, eval_dir: str | os.PathLike | None = None, cap: in
                    seed: int = DEEPSPEC_SEED) -> Benchmark:
     """Read ``<eval_dir>/<name>.jsonl`` and select its prompts. ``cap`` defaults to DeepSpec's cap for the
     benchmark (no cap for unknown names); pass a smaller one for CPU runs."""
-    path = benchmark_path(name, eval_dir)
     cap = DEEPSPEC_SAMPLE_CAPS.get(name) if cap is None else cap
-    turns = [p.first_turn for p in read_prompts(path)]
+    turns = [p.first_turn for p in read_benchmark_prompts(name, eval_dir)]
     return Benchmark(name, tuple(select_samples(turns, cap, seed)))
+
+
+def read_benchmark_prompts(name: str, eval_dir: str | os.PathLike | None = None) -> list[Prompt]:
+    """Every prompt of ``<eval_dir>/<name>.jsonl``; :class:`PromptFileError` when it holds none (an empty file gave
+    a row of dashes, and the run went on as if the benchmark had been measured)."""
+    path = benchmark_path(name, eval_dir)
+    prompts = read_prompts(path)
+    if not prompts:
+        raise PromptFileError(f"benchmark file {path} holds no prompts (one 'turns' record a line).")
+    return prompts
 
 
 def encode_chat_prompt(tokenizer, text: str) -> list[int]:
@@ -133,5 +142,6 @@ __all__ = [
     "encode_chat_prompt",
     "left_pad",
     "load_benchmark",
+    "read_benchmark_prompts",
     "select_samples",
 ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..training.calibration import PositionCalibration, calibration_report, fit_calibration, split_half_ece
-from ..training.prompts import EvalOverlapGuard, Prompt, read_prompts
+from ..training.prompts import EvalOverlapGuard, Prompt, PromptFileError, read_prompts
 from .benchmarks import default_eval_dir
 from .harness import record_rounds
 from .recorder import RoundTrace
@@ -78,8 +78,12 @@ def held_out_prompts(path: str | os.PathLike, num: int | None = None) -> list[Pr
     """The last ``num`` records of a prompt file (any format ``read_prompts`` accepts).
 
     The default calibration set is the tail of the regenerated training data: build the target cache from the
-    leading records only (``hf-dspark cache --limit``) so the tail stays unseen by the trainer."""
+    leading records only (``hf-dspark cache --limit``) so the tail stays unseen by the trainer. A file without
+    prompts raises :class:`PromptFileError` here, before any model loads (it failed after the target had loaded)."""
     prompts = read_prompts(path)
+    if not prompts:
+        raise PromptFileError(f"{path} holds no prompts to calibrate on (records with 'turns', 'messages', "
+                              "'conversations', 'prompt', 'instruction' or 'question').")
     return prompts[-num:] if num else prompts
 
 

@@ -25,8 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..cpu_kernels import loop_kernels, prepack_linears
-from ..training.prompts import read_prompts
-from .benchmarks import benchmark_path
+from ..training.prompts import PromptFileError, read_prompts
+from .benchmarks import read_benchmark_prompts
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 PLAIN = "plain fp32"
@@ -68,7 +68,7 @@ def benchmark_prompts(eval_dir: str | Path | None, per_benchmark: int, seed: int
     """(benchmark, first turn): ``per_benchmark`` prompts of each of :data:`BENCHMARKS`, shuffled with ``seed``."""
     prompts = []
     for name in BENCHMARKS:
-        rows = read_prompts(benchmark_path(name, eval_dir))
+        rows = read_benchmark_prompts(name, eval_dir)
         random.Random(seed).shuffle(rows)
         prompts += [(name, p.first_turn) for p in rows[:per_benchmark]]
     return prompts
@@ -77,7 +77,10 @@ def benchmark_prompts(eval_dir: str | Path | None, per_benchmark: int, seed: int
 def heldout_prompts(path: str | Path, num: int) -> list[tuple[str, str]]:
     """The last ``num`` records of a training-data jsonl: the held-out conversations, for choosing settings
     (e.g. the confidence threshold) on data the benchmarks do not contain."""
-    return [(p.category or "heldout", p.first_turn) for p in read_prompts(path)[-num:]]
+    prompts = read_prompts(path)
+    if not prompts:  # a bench of no prompts failed later, after the models had loaded
+        raise PromptFileError(f"{path} holds no prompts to benchmark on.")
+    return [(p.category or "heldout", p.first_turn) for p in prompts[-num:]]
 
 
 def prepacked_copy(drafter, packed_target):

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 from ..speculation.shared_state import LONG_MATCH_TOKENS
 from ..serving import DSparkEngine
-from ..training.prompts import read_prompts
 from .agent_script import STEPS, TURNS, ScriptedAgent, render_ids
-from .benchmarks import benchmark_path
+from .benchmarks import read_benchmark_prompts
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt-bench")
 DEFAULT_POLICIES = "none,fixed1,fixed3,fixed7,threshold,scheduled"
@@ -80,7 +79,7 @@ def serving_prompts(tokenizer, eval_dir, per_benchmark: int, max_prompts: int | 
     per_name = {}
     for name in BENCHMARKS:
         rows = []
-        for prompt in read_prompts(benchmark_path(name, eval_dir)):
+        for prompt in read_benchmark_prompts(name, eval_dir):
             ids = render_ids(tokenizer, [{"role": "user", "content": prompt.first_turn}])
             if len(ids) <= max_prompt_tokens:
                 rows.append((name, ids))

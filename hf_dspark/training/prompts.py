@@ -56,20 +56,51 @@ def _turns_from_record(record: dict) -> list[str]:
                      "'conversations', 'prompt', 'instruction' or 'question'.")
 
 
-def read_prompts(path: str | Path, category: str = "unknown") -> list[Prompt]:
-    """Read a jsonl (one record a line) or json (a list of records) prompt file in any supported format."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read (not UTF-8 text, a line that is not JSON, a record of no known format) or
+    that holds no prompts where some are needed: the message names the file, the line and what is wrong."""
+
+
+def _prompt_records(path: Path) -> list[tuple[int, object]]:
+    """``(line, record)`` of a jsonl file, or ``(index, record)`` of a .json list; a damaged line raised a bare
+    JSONDecodeError that named neither the file nor the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{path} is not UTF-8 text (prompt files are jsonl or json).") from None
     if path.suffix == ".json":
-        records = json.loads(text)
-    else:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    prompts = []
-    for i, record in enumerate(records):
         try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PromptFileError(f"{path}: not valid JSON ({err}).") from None
+        if not isinstance(records, list):
+            raise PromptFileError(f"{path}: a .json prompt file holds a list of records, not a "
+                                  f"{type(records).__name__}.")
+        return list(enumerate(records, 1))
+    numbered = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                numbered.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise PromptFileError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno}).") from None
+    return numbered
+
+
+def read_prompts(path: str | Path, category: str = "unknown") -> list[Prompt]:
+    """Read a jsonl (one record a line) or json (a list of records) prompt file in any supported format; a file
+    that cannot be read raises :class:`PromptFileError` naming the line."""
+    path = Path(path)
+    prompts = []
+    for line_no, record in _prompt_records(path):
+        try:
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not a record")
             turns = _turns_from_record(record)
         except ValueError as err:
-            raise ValueError(f"{path}:{i + 1}: {err}") from None
+            raise PromptFileError(f"{path}:{line_no}: {err}") from None
+        except (AttributeError, TypeError) as err:  # e.g. messages that are a string, not a list of dicts
+            raise PromptFileError(f"{path}:{line_no}: a malformed record ({err}).") from None
         if turns:
             prompts.append(Prompt(tuple(turns), record.get("category", category)))
     return prompts
