@@ -247,3 +247,20 @@ def test_a_callers_repetition_penalty_ignoring_prompt_positions_counts_them_in_t
     ours = sample_padded_rows(1, assistant_model=draft, **FULL_BLOCK)
     assert 0 < draft.stats.accepted_tokens < draft.stats.proposed_tokens
     assert min(per_position_pvalues(plain, ours)) > 1e-3
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_num_return_sequences_samples_each_row_that_many_times(setup, batch):
+    """transformers repeats each row ``num_return_sequences`` times before the speculative loop runs, as for plain
+    sampling: the same tokens as the repeated batch (whose distribution the tests above check), in plain's order."""
+    target, draft, prompt = setup
+    ids = torch.cat([prompt, torch.tensor([[0, 0, 0, 5, 9, 3]])])[:batch]
+    mask = (torch.arange(6)[None] >= torch.tensor([0, 3])[:batch, None]).long()
+    kwargs = {"do_sample": True, "temperature": 0.9, "max_new_tokens": 6, "pad_token_id": 0, "assistant_model": draft,
+              **FULL_BLOCK}
+    torch.manual_seed(3)
+    got = target.generate(ids, attention_mask=mask, num_return_sequences=3, **kwargs)
+    torch.manual_seed(3)
+    repeated = target.generate(ids.repeat_interleave(3, 0), attention_mask=mask.repeat_interleave(3, 0), **kwargs)
+    assert got.shape[0] == 3 * batch and torch.equal(got, repeated)
+    assert len({tuple(row) for row in got[:3].tolist()}) > 1  # the copies are sampled, not one sample repeated

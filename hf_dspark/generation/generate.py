@@ -69,9 +69,8 @@ def _raise_if_unsupported(model, generation_config, cache, prompt_length: int) -
         raise ValueError("hf-dspark speculative decoding does not support beam search (num_beams > 1); use greedy "
                          "or sampling (do_sample=True), or drop assistant_model for beam search.")
     _raise_if_other_decoding_method(generation_config)
-    if getattr(generation_config, "num_return_sequences", 1) not in (None, 1):
-        raise ValueError("num_return_sequences > 1 is not supported with a DSpark assistant; repeat the prompt in "
-                         "the batch instead (batches of any size are supported).")
+    # NOTE: num_return_sequences > 1 needs nothing here: transformers repeats every row (input ids, attention mask)
+    # that many times before it calls dspark_decode, as for plain sampling, and refuses it for greedy decoding
     if model.config.is_encoder_decoder:
         raise ValueError("DSpark drafters support decoder-only targets only.")
     if cache is not None and type(cache) is not DynamicCache:

@@ -131,3 +131,12 @@ def test_a_pipeline_takes_a_drafter_loaded_for_a_target_with_other_special_token
         PROMPTS[0], max_new_tokens=10, do_sample=False)
     assert got == expected
     assert loaded.stats.rounds > 0
+
+
+def test_pipeline_num_return_sequences_with_sampling(setup):
+    target, draft, tok = setup
+    ours = pipeline("text-generation", model=target, tokenizer=tok, assistant_model=draft)
+    torch.manual_seed(0)
+    got = ours(PROMPTS[0], max_new_tokens=6, do_sample=True, top_k=5, top_p=0.9, num_return_sequences=3)
+    assert len(got) == 3 and all(g["generated_text"].startswith(PROMPTS[0]) for g in got)
+    assert draft.stats.rounds > 0  # the speculative path ran
