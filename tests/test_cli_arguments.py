@@ -80,3 +80,31 @@ def test_values_in_range_parse_to_numbers_and_lists():
     args = parser.parse_args(["calibrate", "--drafter", "d", "--out", "o", "--num-prompts", "0"])
     assert args.num_prompts == 0
     assert parser.parse_args(["train", "--save-total-limit", "0"]).save_total_limit == 0  # keep every checkpoint
+
+
+OUTPUT_FOLDERS = {
+    "regenerate --out": ["regenerate", "--out", "{file}"],
+    "cache --out": ["cache", "--data", "{file}", "--out", "{file}"],
+    "train --out": ["train", "--steps", "1", "--out", "{file}"],
+    "train --cache": ["train", "--steps", "1", "--cache", "{file}"],
+    "calibrate --out": ["calibrate", "--drafter", "d", "--out", "{file}"],
+    "eval --out": ["eval", "--drafter", "d", "--out", "{file}"],
+    "bench --out": ["bench", "--out", "{file}"],
+    "serve-bench --out": ["serve-bench", "--out", "{file}"],
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_FOLDERS))
+def test_an_output_folder_that_is_a_file_is_one_argparse_error(case, no_model_loading, tmp_path, capsys):
+    """Such a path failed with FileExistsError (a traceback) when the first result was written: train after its
+    first step, eval / bench / calibrate after the whole run, whose results were lost."""
+    (tmp_path / "file").write_text("")
+    argv = [arg.format(file=tmp_path / "file") for arg in OUTPUT_FOLDERS[case]]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    option = case.split()[1]
+    assert err.rstrip().splitlines()[-1] == (f"hf-dspark {argv[0]}: error: argument {option}: "
+                                             f"'{tmp_path / 'file'}' is a file: give a folder")

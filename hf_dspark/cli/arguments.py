@@ -73,11 +73,20 @@ def new_folder(text: str) -> str:
     return text
 
 
+def output_folder(text: str) -> str:
+    """A folder a command writes its results or run into, new or not: a path that is a file failed only when the
+    first result was written, after the work (train: after its first step; eval, bench, calibrate: after the run,
+    whose results were lost)."""
+    if Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file: give a folder")
+    return text
+
+
 positive_ints = _comma_list(positive_int)
 non_negative_ints = _comma_list(non_negative_int)
 non_negative_floats = _comma_list(non_negative_float)
 
 
 __all__ = ["existing_file", "fraction", "new_folder", "non_negative_float", "non_negative_floats", "non_negative_int",
-           "non_negative_ints", "positive_float",
+           "non_negative_ints", "output_folder", "positive_float",
            "positive_int", "positive_ints", "probability"]

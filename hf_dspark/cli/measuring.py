@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from .arguments import (non_negative_float, non_negative_floats, non_negative_int, non_negative_ints,
-                        positive_float, positive_int, positive_ints)
+                        output_folder, positive_float, positive_int, positive_ints)
 
 DTYPE_CHOICES = ["bfloat16", "float16", "float32"]
 EVAL_DIR_HELP = "folder of <benchmark>.jsonl (default: $HF_DSPARK_EVAL_DIR, else ../shared/eval_datasets)"
@@ -41,7 +41,7 @@ def add_calibrate(sub) -> None:
                                    "writes the calibrated drafter, calibration.md / .json, reliability.png and the "
                                    "rounds. At --temperature 0 it writes the greedy fit and keeps the sampling one.")
     p.add_argument("--drafter", required=True, help="drafter directory to calibrate")
-    p.add_argument("--out", required=True, help="where the calibrated drafter and the report go")
+    p.add_argument("--out", type=output_folder, required=True, help="where the calibrated drafter and the report go")
     p.add_argument("--prompts", default="data/smollm2/train.jsonl",
                    help="held-out prompt file (jsonl/json: turns, messages, conversations, prompt, ...); default: "
                         "%(default)s, whose tail the SmolLM2 recipe keeps out of its cache (hf-dspark cache --limit)")
@@ -127,7 +127,7 @@ def add_eval(sub) -> None:
     p.add_argument("--baseline-drafter", nargs="+", default=None,
                    help="drafters to compare with (e.g. DFlash, Eagle3), scored on the same prompts")
     p.add_argument("--names", nargs="+", default=None, help="labels for the drafters (default: DSpark / DFlash)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", type=output_folder, required=True, help="output folder")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -211,7 +211,7 @@ def add_bench(sub) -> None:
     p.add_argument("--num-prompts", type=positive_int, default=8)
     p.add_argument("--prepacked-only", action="store_true",
                    help="only the prepacked plain / hf-dspark configurations (and threshold / γ variants)")
-    p.add_argument("--out", default="runs/bench_generate")
+    p.add_argument("--out", type=output_folder, default="runs/bench_generate")
     p.set_defaults(func=cmd_bench, default_log_level="warning")
 
 
@@ -333,7 +333,7 @@ def add_serve_bench(sub) -> None:
                         "agents (hf_dspark.evaluation.agent_script), each sending its next generation on its growing "
                         "conversation as soon as the last one is answered, one cache salt per agent")
     p.add_argument("--agent-turns", type=positive_int, default=2, help="user turns per agent (4 generations each)")
-    p.add_argument("--out", default="runs/bench_serving")
+    p.add_argument("--out", type=output_folder, default="runs/bench_serving")
     p.set_defaults(func=cmd_serve_bench, default_log_level="info", parser=p)
 
 

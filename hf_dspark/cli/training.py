@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import (existing_file, fraction, non_negative_float, non_negative_int, positive_float, positive_int,
-                        probability)
+from .arguments import (existing_file, fraction, non_negative_float, non_negative_int, output_folder, positive_float,
+                        positive_int, probability)
 
 DEFAULT_CACHE = "cache/smollm2"
 HEADS = ["markov", "gated", "rnn", "none", "eagle3"]
@@ -30,7 +30,8 @@ def add_regenerate(sub) -> None:
                        description="Prompts from your files, templates, the target itself (Magpie) and real sources, "
                                    "de-duplicated and refused if they overlap the evaluation benchmarks, answered by "
                                    "the target (or an OpenAI-compatible server). Resumable: rerun to continue.")
-    p.add_argument("--out", default="data/smollm2", help="folder for the prompt files and train.jsonl")
+    p.add_argument("--out", type=output_folder, default="data/smollm2",
+                   help="folder for the prompt files and train.jsonl")
     p.add_argument("--target", default=None, help="target model directory or Hub id (default: embedded SmolLM2)")
     p.add_argument("--prompts", nargs="*", type=existing_file, default=[],
                    help="your prompt files (jsonl: turns / conversations / messages)")
@@ -131,7 +132,8 @@ def add_cache(sub) -> None:
                                    "final hidden states. Resumable: conversations already cached are skipped.")
     p.add_argument("--data", nargs="+", type=existing_file, required=True,
                    help="jsonl files of {'id', 'messages': [...]} records")
-    p.add_argument("--out", required=True, help="cache directory (created, or extended when it exists)")
+    p.add_argument("--out", type=output_folder, required=True,
+                   help="cache directory (created, or extended when it exists)")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     _add_cache_options(p, full=True)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -167,8 +169,10 @@ def add_train(sub) -> None:
                                    "exactly. The drafter is written to <out>/drafter.")
     p.add_argument("--data", nargs="+", type=existing_file, default=None,
                    help="conversation jsonl file(s) to cache first")
-    p.add_argument("--cache", default=DEFAULT_CACHE, help="target cache directory (default: %(default)s)")
-    p.add_argument("--out", default="runs/smollm2-dspark", help="run directory: checkpoints, metrics.jsonl, drafter/")
+    p.add_argument("--cache", type=output_folder, default=DEFAULT_CACHE,
+                   help="target cache directory (default: %(default)s)")
+    p.add_argument("--out", type=output_folder, default="runs/smollm2-dspark",
+                   help="run directory: checkpoints, metrics.jsonl, drafter/")
     p.add_argument("--target", default=None, help="target model path / id (default: embedded SmolLM2)")
     _add_cache_options(p.add_argument_group("cache (with --data)"), full=False)
     model = p.add_argument_group("drafter")
