@@ -146,7 +146,8 @@ class StopRules:
             if self.others and row not in self.stopped_at:  # every criterion sees every step, the last one too
                 if scores is not None:
                     scores = scores + (new_scores[i: i + 1],)
-                if any([bool(c(tokens.view(row)[None], scores).any()) for c in self.others]):
+                # torch.as_tensor: a criterion may answer one Python bool (plain generate ORs it into a tensor)
+                if any([bool(torch.as_tensor(c(tokens.view(row)[None], scores)).any()) for c in self.others]):
                     if self.lockstep:  # stopped, as plain generate's flag is sticky; its tokens go on
                         self.stopped_at[row] = length
                     else:

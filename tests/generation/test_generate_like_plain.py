@@ -468,3 +468,22 @@ def test_without_eos_rows_stopped_by_a_criterion_go_on_as_in_plain_generate(targ
         assert len(got.scores) == len(expected.scores)
         for a, b in zip(got.scores, expected.scores):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+class _StopAtLength:
+    """A stopping criterion of the older kind: one Python bool for the whole batch (plain generate takes it)."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return bool(input_ids.shape[1] >= 15)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_stopping_criterion_returning_a_bool_works_as_in_plain_generate(target, draft, batch):
+    from transformers import StoppingCriteriaList
+
+    ids, mask = left_padded_batch()
+    kwargs = {"attention_mask": mask[:batch], "max_new_tokens": 10, "do_sample": False}
+    expected = target.generate(ids[:batch], stopping_criteria=StoppingCriteriaList([_StopAtLength()]), **kwargs)
+    got = target.generate(ids[:batch], stopping_criteria=StoppingCriteriaList([_StopAtLength()]),
+                          assistant_model=draft, **kwargs)
+    assert expected.shape[1] == 15 and torch.equal(got, expected)
