@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 class RunDirectoryError(ValueError):
-    """An output directory whose checkpoints a run would overwrite, or cannot resume exactly from."""
+    """An output directory whose checkpoints a run would overwrite, or cannot resume (exactly) from."""
 
 LATEST_NAME = "latest"  # file in output_dir naming the newest complete checkpoint
 STATE_NAME = "trainer_state.pt"
@@ -440,14 +441,13 @@ class DSparkTrainer:
         """Restore weights, optimizer, scheduler and step from a checkpoint. ``exact=False`` (a continuous run whose
         data grew since): the settings may differ and the sample stream starts a fresh epoch over today's data."""
         path = Path(path)
-        state = load_trainer_state(path / STATE_NAME)
+        state, weights = _read_checkpoint(path)
         changed = {k: (v, self._resume_params.get(k)) for k, v in state["params"].items()
                    if self._resume_params.get(k) != v}
         if changed and exact:
             raise RunDirectoryError(f"Cannot resume exactly from {path}: settings changed since it was written "
                                     f"({', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}).")
-        weights = load_file(path / "model.safetensors")  # load_state_dict copies onto the device
-        self.drafter.load_state_dict(weights, strict=True)
+        self.drafter.load_state_dict(weights, strict=True)  # copies onto the device
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
@@ -463,6 +463,19 @@ class DSparkTrainer:
         self.dataset = dataset
         self.stream = SampleStream(len(dataset), self.config.seed + self.step)
         self._resume_params = self._exact_resume_params()
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A checkpoint's trainer state and weights (on the CPU). Missing or damaged files (a copy cut short, a full
+    disk) raise :class:`RunDirectoryError` naming the checkpoint and the way out: torch's "failed finding central
+    directory" and safetensors' header errors named neither."""
+    try:
+        return load_trainer_state(path / STATE_NAME), load_file(path / "model.safetensors")
+    except (OSError, EOFError, RuntimeError, SafetensorError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise RunDirectoryError(f"Cannot resume from {path}: it is missing or damaged ({reason}). Put the name of an "
+                                f"earlier checkpoint-* folder in {path.parent / LATEST_NAME}, or start in a new "
+                                "output directory.") from None
 
 
 def load_trainer_state(path: str | os.PathLike) -> dict:

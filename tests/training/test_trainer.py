@@ -1,6 +1,8 @@
 import json
 import math
 import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -14,8 +16,10 @@ from hf_dspark.training.target_cache import TargetCacheDataset, build_target_cac
 from hf_dspark.training.trainer import (
     FINAL_DIR,
     METRICS_NAME,
+    STATE_NAME,
     DSparkTrainer,
     DSparkTrainingConfig,
+    RunDirectoryError,
     SampleStream,
     lr_factor,
 )
@@ -138,6 +142,25 @@ def test_existing_checkpoints_need_resume_and_same_settings(tmp_path, target, ca
         _trainer(target, cache, tmp_path, max_steps=2).train()
     with pytest.raises(ValueError, match="per_device_batch_size: 2 -> 1"):
         _trainer(target, cache, tmp_path, max_steps=2, per_device_batch_size=1).train(resume=True)
+
+
+@pytest.mark.parametrize("damage", ["truncated state", "truncated weights", "missing state", "missing folder"])
+def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_out(damage, tmp_path, target, cache):
+    """A truncated trainer_state.pt raised torch's RuntimeError (a traceback), a truncated model.safetensors a
+    SafetensorError, a missing one an errno line that named no way out."""
+    _trainer(target, cache, tmp_path, max_steps=1).save_checkpoint()  # step 0's: no training needed
+    checkpoint = tmp_path / "checkpoint-0000000"
+    name = "model.safetensors" if damage == "truncated weights" else STATE_NAME
+    if damage.startswith("truncated"):
+        (checkpoint / name).write_bytes((checkpoint / name).read_bytes()[:200])
+    elif damage == "missing state":
+        (checkpoint / STATE_NAME).unlink()
+    else:
+        shutil.rmtree(checkpoint)
+    with pytest.raises(RunDirectoryError, match=re.escape(f"Cannot resume from {checkpoint}: it is missing or "
+                                                          "damaged (")) as err:
+        _trainer(target, cache, tmp_path, max_steps=1).train(resume=True)
+    assert f"earlier checkpoint-* folder in {tmp_path / 'latest'}" in str(err.value)
 
 
 def test_lr_schedule_warmup_then_cosine_to_zero():
