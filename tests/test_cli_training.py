@@ -185,3 +185,22 @@ def test_calibration_prompts_that_cannot_be_used_fail_before_loading(contents, n
                 str(tmp_path / "prompts.jsonl")]) == 2
     err = _one_line_error(capsys, "calibrate")
     assert str(tmp_path / "prompts.jsonl") in err and ("holds no prompts" in err or ":2: not valid JSON" in err)
+
+
+@pytest.mark.parametrize("option", ["cache --layers", "train --layers", "train --draft-vocab-size"])
+def test_options_beyond_the_target_are_one_error_line_before_caching(option, saved, tmp_path, capsys):
+    """--layers past the target's last layer raised a ValueError traceback; a --draft-vocab-size above the target's
+    vocabulary did so after train --data had cached every conversation."""
+    command, name = option.split()
+    argv = [command, "--target", str(saved / "llama"), "--data", str(saved / "train.jsonl"), "--threads", "1",
+            *(["--out", str(tmp_path / "cache")] if command == "cache" else
+              ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "run"), "--steps", "1"])]
+    argv += ["--layers", "1", "4"] if name == "--layers" else ["--draft-vocab-size", "97"]
+    assert run(argv) == 2
+    if name == "--layers":
+        assert "Cannot tap layer 4: the target has 4 layers, 0 to 3." in _one_line_error(capsys, command)
+    else:
+        assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
+            "hf-dspark train: error: argument --draft-vocab-size: must be at most the target's vocabulary of 96 "
+            "tokens, got 97")
+    assert not (tmp_path / "cache").exists()

@@ -104,6 +104,15 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_draft_vocab_beyond_target(args: argparse.Namespace, target) -> None:
+    """--draft-vocab-size checked against the loaded target: one larger than the target's vocabulary raised a
+    ValueError traceback, and with --data only after every conversation had been cached."""
+    vocab_size = target.config.get_text_config().vocab_size
+    if args.draft_vocab_size > vocab_size:
+        args.parser.error(f"argument --draft-vocab-size: must be at most the target's vocabulary of {vocab_size} "
+                          f"tokens, got {args.draft_vocab_size}")
+
+
 # -------------------------------------------------------------------------------------------------------
 # cache
 # -------------------------------------------------------------------------------------------------------
@@ -240,6 +249,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, device=_device_default() if args.data else None)
+    if args.draft_vocab_size and not args.init_from:  # a continued drafter keeps its own vocabulary
+        _refuse_draft_vocab_beyond_target(args, target)
     if args.init_from:
         load_drafter(args.init_from, target)  # a drafter of another target: one line, before the cache is built
     if args.data:

@@ -242,6 +242,14 @@ def _raise_if_cannot_append(existing: dict, fresh: dict, cache_dir: Path) -> Non
                                "differ). Use a new --out directory.")
 
 
+def _raise_if_not_layers_of(layer_ids: list[int], num_layers: int) -> None:
+    """Refuse layer ids the target does not have before anything is written (the tap raised a bare ValueError)."""
+    beyond = [i for i in layer_ids if not 0 <= i < num_layers]
+    if beyond:
+        raise TargetCacheError(f"Cannot tap layer {beyond[0]}: the target has {num_layers} layers, 0 to "
+                               f"{num_layers - 1}. Choose the layers to cache among them (--layers).")
+
+
 def _signatures_match(a: list[float] | None, b: list[float] | None) -> bool:
     if not a or not b or len(a) != len(b):
         return True
@@ -354,9 +362,10 @@ def build_target_cache(target, tokenizer, records: Iterable[dict] | str | os.Pat
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(STORAGE_DTYPES)}.")
     cache_dir = Path(out_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     tcfg = target.config.get_text_config()
     layer_ids = list(layer_ids) if layer_ids else default_target_layer_ids(tcfg.num_hidden_layers)
+    _raise_if_not_layers_of(layer_ids, tcfg.num_hidden_layers)
+    cache_dir.mkdir(parents=True, exist_ok=True)
     manifest = _new_manifest(target, tokenizer, layer_ids, max_length, dtype, min_loss_tokens, target_name)
     if (cache_dir / MANIFEST_NAME).is_file():
         existing = load_manifest(cache_dir)
