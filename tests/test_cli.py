@@ -479,3 +479,15 @@ def test_an_unreachable_hub_is_one_error_line(qwen3_drafter_dir, monkeypatch, ca
     err = _one_line_error(capsys, "push")
     assert "uploading to org/name failed: could not reach the Hub ([Errno -3] Temporary failure" in err
     assert "check the network" in err
+
+
+@pytest.mark.parametrize("option", ["--eval-results", "--calibration"])
+@pytest.mark.parametrize("contents", ["{not json", '["gsm8k", 3]'], ids=["damaged", "wrong shape"])
+def test_a_card_file_that_cannot_be_read_is_one_error_line(option, contents, qwen3_drafter_dir, tmp_path, capsys):
+    """A damaged file raised a bare JSONDecodeError, one of another shape a ValueError / AttributeError traceback."""
+    (tmp_path / "card.json").write_text(contents)
+    assert run(["push", str(qwen3_drafter_dir[0]), "org/name", option, str(tmp_path / "card.json"), "--dry-run",
+                str(tmp_path / "out")]) == 2
+    err = _one_line_error(capsys, "push")
+    assert f"{tmp_path / 'card.json'}" in err and ("is not valid JSON" in err or ": expected " in err)
+    assert not (tmp_path / "out").exists()

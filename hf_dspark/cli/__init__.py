@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes a user fixes by changing the command (a bad path, a drafter for another target, a refused export,
     a target cache of another target, a used run folder, prompts overlapping the evaluation sets, missing benchmark
-    prompts, a conversation or prompt file that cannot be read or holds nothing): reported as one line, exit code 2.
-    Anything else is a bug and keeps its traceback."""
+    prompts, a conversation, prompt or model-card file that cannot be read or holds nothing): reported as one line,
+    exit code 2. Anything else is a bug and keeps its traceback."""
     from ..hub.export import SpeculatorsExportError
+    from ..hub.model_card import CardInputError
     from ..hub.upload import UploadError
     from ..loading import ModelLoadError
     from ..modeling.checkpoint_files import CheckpointError
@@ -64,7 +65,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ..training.trainer import RunDirectoryError
 
     return (ModelLoadError, CheckpointError, SpeculatorsExportError, TargetCacheError, RunDirectoryError,
-            EvalOverlapError, UploadError, ConversationFileError, PromptFileError,
+            EvalOverlapError, UploadError, ConversationFileError, PromptFileError, CardInputError,
             FileNotFoundError, NotADirectoryError)
 
 

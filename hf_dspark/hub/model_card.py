@@ -101,23 +101,35 @@ def _last_metrics(path: Path) -> dict | None:
     return json.loads(lines[-1]) if lines else None
 
 
+class CardInputError(ValueError):
+    """An evaluation or calibration file for the model card that is not JSON of the expected shape: the message
+    names the file and the shape (``hf-dspark push`` reports it as one line before anything is uploaded)."""
+
+
+def _read_json(path: str | os.PathLike) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # raised bare, naming neither file nor option
+        raise CardInputError(f"{path} is not valid JSON ({err}).") from None
+
+
 def read_evaluation(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """benchmark -> metrics from an evaluation JSON.
 
     Accepts ``{"benchmarks": {...} | [...]}``, ``{name: {"tau": ..}}`` or ``[{"benchmark": name, "tau": ..}]``.
     """
-    raw = json.loads(Path(path).read_text())
+    raw = _read_json(path)
     if isinstance(raw, dict) and "benchmarks" in raw:
         raw = raw["benchmarks"]
-    if isinstance(raw, list):
+    if isinstance(raw, list) and all(isinstance(row, dict) for row in raw):  # else refused just below
         raw = {str(row.get("benchmark") or row.get("name")): row for row in raw}
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-        raise ValueError(f"{path}: expected benchmark -> metrics (a dict of dicts or a list of records with "
+        raise CardInputError(f"{path}: expected benchmark -> metrics (a dict of dicts or a list of records with "
                          "'benchmark').")
     table = {name: {k: v for k, v in row.items() if k not in ("benchmark", "name") and _is_scalar(v)}
              for name, row in raw.items()}
     if not any("tau" in row for row in table.values()):
-        raise ValueError(f"{path}: no benchmark has a 'tau' entry; the card's τ table needs it.")
+        raise CardInputError(f"{path}: no benchmark has a 'tau' entry; the card's τ table needs it.")
     return table
 
 
@@ -126,10 +138,10 @@ def read_calibration(path: str | os.PathLike) -> list[dict[str, Any]]:
     A top-level ``split_half_ece`` list (what ``hf-dspark calibrate`` writes) becomes each row's
     ``ece_split_half``: the out-of-sample figure the card shows next to the in-sample one (and
     ``split_half_noise_floor`` its sampling-noise floor, ``ece_noise_floor_split_half``)."""
-    raw = json.loads(Path(path).read_text())
+    raw = _read_json(path)
     rows = raw.get("positions") if isinstance(raw, dict) else raw
     if not isinstance(rows, list) or not all(isinstance(row, dict) and "position" in row for row in rows):
-        raise ValueError(f"{path}: expected a list of per-position calibration records (with 'position').")
+        raise CardInputError(f"{path}: expected a list of per-position calibration records (with 'position').")
     for source, key in (("split_half_ece", "ece_split_half"), ("split_half_noise_floor", "ece_noise_floor_split_half")):
         values = raw.get(source) if isinstance(raw, dict) else None
         if isinstance(values, list):
