@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +100,13 @@ def _overlap_guard(eval_dir: str | os.PathLike | None) -> EvalOverlapGuard | Non
 
 def load_rounds_for(drafter, path: str | os.PathLike) -> RoundTrace:
     """The rounds an earlier run recorded (``calibration_rounds.npz``), refused unless ``drafter`` could have
-    recorded them: a refit reuses their raw confidence logits, which only that drafter produces."""
-    trace = RoundTrace.load(path)
+    recorded them: a refit reuses their raw confidence logits, which only that drafter produces. A file that is
+    not such rounds raises ValueError naming it (numpy's own "contains pickled (object) data" named neither the
+    file nor what it should hold)."""
+    try:
+        trace = RoundTrace.load(path)
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path} is not the calibration_rounds.npz of an hf-dspark calibrate run ({err}).") from None
     if trace.block_size != drafter.config.block_size:
         raise ValueError(f"{path} holds rounds of block size {trace.block_size}, the drafter drafts "
                          f"{drafter.config.block_size}: they were not recorded with this drafter")

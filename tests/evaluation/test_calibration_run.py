@@ -4,6 +4,8 @@ a tiny end-to-end run; evaluation prompts refused; held-out prompt selection."""
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ import torch
 from eval_fixtures import MATH, make_setup, write_eval_dir
 
 from hf_dspark import DSparkDraftModel
-from hf_dspark.evaluation.calibration_run import calibrate, fit_from_trace, held_out_prompts, save_calibrated
+from hf_dspark.evaluation.calibration_run import (calibrate, fit_from_trace, held_out_prompts, load_rounds_for,
+                                                  save_calibrated)
 from hf_dspark.evaluation.recorder import RoundTrace
 from hf_dspark.training.calibration import calibration_report
 
@@ -117,3 +120,20 @@ def test_held_out_prompts_take_the_tail(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert [p.first_turn for p in held_out_prompts(path, 2)] == ["question 4", "question 5"]
     assert len(held_out_prompts(path)) == 6
+
+
+@pytest.mark.parametrize("damage", ["text file", "truncated npz", "other arrays"])
+def test_rounds_that_are_not_a_calibration_run_name_the_file(damage, tmp_path):
+    """numpy's errors ("contains pickled (object) data", BadZipFile, KeyError) named neither the file nor what it
+    should hold; hf-dspark calibrate --rounds shows this message as its one error line."""
+    path = tmp_path / "calibration_rounds.npz"
+    if damage == "text file":
+        path.write_text("not rounds")
+    elif damage == "truncated npz":
+        overconfident_trace(num_rounds=20).save(path)
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        np.savez(path, x=np.zeros(3))
+    with pytest.raises(ValueError, match=re.escape(f"{path} is not the calibration_rounds.npz of an hf-dspark "
+                                                   "calibrate run (")):
+        load_rounds_for(SimpleNamespace(config=SimpleNamespace(block_size=5)), path)
