@@ -204,3 +204,17 @@ def test_options_beyond_the_target_are_one_error_line_before_caching(option, sav
             "hf-dspark train: error: argument --draft-vocab-size: must be at most the target's vocabulary of 96 "
             "tokens, got 97")
     assert not (tmp_path / "cache").exists()
+
+
+def test_growing_a_drafter_to_fewer_layers_is_an_argparse_error(saved, tmp_path, capsys):
+    """It raised "Cannot shrink a drafter" as a ValueError traceback, with --data after the cache had been built."""
+    torch.manual_seed(0)
+    DSparkDraftModel.from_target(make_tiny_llama(), num_layers=2, block_size=4, markov_rank=8).save_pretrained(
+        tmp_path / "drafter")
+    assert run(["train", "--target", str(saved / "llama"), "--cache", str(saved / "cache"), "--out",
+                str(tmp_path / "run"), "--steps", "1", "--threads", "1", "--init-from", str(tmp_path / "drafter"),
+                "--grow-to-layers", "1"]) == 2
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
+        f"hf-dspark train: error: argument --grow-to-layers: the drafter {tmp_path / 'drafter'} already has 2 layers "
+        "(a drafter grows, it is not cut), got 1")
+    assert not (tmp_path / "run").exists()

@@ -251,8 +251,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     target, tokenizer = load_target(args.target, device=_device_default() if args.data else None)
     if args.draft_vocab_size and not args.init_from:  # a continued drafter keeps its own vocabulary
         _refuse_draft_vocab_beyond_target(args, target)
-    if args.init_from:
-        load_drafter(args.init_from, target)  # a drafter of another target: one line, before the cache is built
+    if args.init_from:  # a drafter of another target, or one deeper than --grow-to-layers: before the cache is built
+        layers = load_drafter(args.init_from, target).model.config.num_hidden_layers
+        if args.grow_to_layers and args.grow_to_layers < layers:
+            args.parser.error(f"argument --grow-to-layers: the drafter {args.init_from} already has {layers} layers "
+                              f"(a drafter grows, it is not cut), got {args.grow_to_layers}")
     if args.data:
         cache_conversations(target, tokenizer, args.data, args.cache, CacheRecipe(layers=args.layers))
     drafter = DrafterRecipe(head=args.head, num_layers=args.num_layers, block_size=args.block_size,
