@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Ship the continuous run's best drafter as the embedded default, measured against the one it replaces:
 #   1. copies: the candidate (drafter_training/smollm2/drafter), the shipped drafter, and the candidate's curve row
-#   2. both STS fits on prompts it never trained on (greedy, then T = 1 on top of it)
+#   2. both STS fits on prompts it never trained on (checked first; greedy, then T = 1 on top of it)
 #   3. ship_drafter.py: bf16 weights, both fits, the model card regenerated from the curve row
 #   4. speculators loads the export with equal tensors and logits
 #   5. held-out τ by generation, previous vs shipped, T = 0 and T = 1
@@ -35,6 +35,8 @@ if [ ! -d "$OUT/candidate" ]; then
 print(json.dumps(best_row(read_curve(sys.argv[1]))))" "$CURVE" > "$OUT/smollm2/curve.jsonl"
 fi
 
+# a fit is only honest on rounds the drafter never trained on: stop if the training data has reached a prompt
+$PY scripts/unseen_prompts.py --check "$PROMPTS"
 calibrate() {  # $1 drafter, $2 temperature, $3 out
   [ -f "$3/calibration.json" ] || $CLI calibrate --drafter "$1" --temperature "$2" --prompts "$PROMPTS" \
       --num-prompts 0 --max-new-tokens 96 --batch-size 8 --threads "$THREADS" --out "$3"

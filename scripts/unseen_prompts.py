@@ -6,15 +6,21 @@ has not reached yet, from sources varied enough to stand for new text:
 
 * ``magpie`` — user requests the target writes itself (Magpie), synthesised here with a seed the training set never
   used (``--magpie-seed``): chat of every kind;
-* ``gsm8k`` / ``code`` — the *tails* of the GSM8K-train and standard-library code pools (the regeneration answers
-  them from the front, about 200 an hour here, so a tail stays unseen for days);
+* ``gsm8k`` — the *tail* of the GSM8K-train pool (the regeneration answers it from the front, about 200 an hour
+  here, so a tail stays unseen for days);
+* ``code`` — code requests written from ``CALIBRATION_CODE_MODULES``, standard-library modules that neither the
+  training pool nor the held-out set uses. (A tail of the training pool was used until 2026-12-08, when 88 of those
+  prompts turned out to have been answered meanwhile by regenerations with other seeds.)
 * ``templated`` (not by default) — the unanswered tail of ``data/smollm2/prompts_template.jsonl``. Those come from the
   very templates the drafter trained on: the shipped drafter accepted ~60 % of its first drafts on them against ~31 %
   on the held-out chat, and a fit on them was overconfident on new text.
 
-Every prompt that overlaps an answered record, an evaluation set or the held-out set is dropped.
+Every prompt that overlaps an answered record, an evaluation set or the held-out set is dropped. Training data
+grows after the file is written, so ``--check FILE`` fails (exit status 1, naming the overlaps) when any prompt of
+FILE has since been answered for training; the ship recipe runs it before it calibrates.
 
     python scripts/unseen_prompts.py --per-source 130 --out benchmarks/current/calibration_greedy/prompts.jsonl
+    python scripts/unseen_prompts.py --check benchmarks/current/calibration_greedy/prompts.jsonl
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import logging
 from pathlib import Path
 
 from hf_dspark.evaluation.benchmarks import default_eval_dir
-from hf_dspark.training.prompt_sources import TRAIN_CODE_MODULES, code_prompts, gsm8k_prompts
+from hf_dspark.training.prompt_sources import CALIBRATION_CODE_MODULES, code_prompts, gsm8k_prompts
 from hf_dspark.training.prompts import EvalOverlapGuard, read_prompts
 
 logger = logging.getLogger("unseen_prompts")
@@ -37,6 +43,20 @@ def answered_turns(data_dir: Path) -> set[str]:
     for path in sorted(data_dir.glob("*/train.jsonl")):
         seen.update(p.first_turn.strip() for p in read_prompts(path))
     return seen
+
+
+def check(path: Path, seen: set[str]) -> int:
+    """0 when no prompt of ``path`` is a first turn of the training data, else 1 (each overlap logged)."""
+    prompts = read_prompts(path)
+    trained = [q for q in prompts if q.first_turn.strip() in seen]
+    for q in trained[:10]:
+        logger.error("trained on (%s): %s", q.category, q.first_turn.strip()[:100].replace("\n", " "))
+    if trained:
+        logger.error("%d of %d prompts in %s have been trained on: write a new file (--out) before calibrating",
+                     len(trained), len(prompts), path)
+        return 1
+    logger.info("none of the %d prompts in %s has been trained on", len(prompts), path)
+    return 0
 
 
 def magpie_prompts(args, guard, seen: set[str]):
@@ -57,7 +77,9 @@ def magpie_prompts(args, guard, seen: set[str]):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", help="write the prompts here")
+    target.add_argument("--check", metavar="FILE", help="only check that no prompt of FILE has been trained on")
     p.add_argument("--per-source", type=int, default=130, help="prompts from the tail of each pool")
     p.add_argument("--data", default="data", help="folder whose */train.jsonl records count as seen")
     p.add_argument("--gsm8k", default="../shared/train_data/gsm8k_train.jsonl")
@@ -71,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
+    if args.check:
+        raise SystemExit(check(Path(args.check), answered_turns(Path(args.data))))
     guard = EvalOverlapGuard.from_dir(default_eval_dir())
     heldout = EvalOverlapGuard.from_dir(Path(args.data) / "heldout")  # the held-out τ set stays untouched too
     seen = answered_turns(Path(args.data))
@@ -80,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     if "gsm8k" in args.pools:
         pools["gsm8k"] = gsm8k_prompts(args.gsm8k, guard=guard)
     if "code" in args.pools:
-        pools["code"] = code_prompts(TRAIN_CODE_MODULES, seed=0, guard=guard)  # the regeneration's seed: its list
+        pools["code"] = code_prompts(CALIBRATION_CODE_MODULES, seed=0, guard=guard)
     if "templated" in args.pools:
         pools["templated"] = read_prompts(Path(args.data) / "smollm2" / "prompts_template.jsonl")
     chosen = []

@@ -9,7 +9,8 @@ construction:
 * :func:`code_prompts` — requests built from the public functions and classes of real modules (standard
   library and installed packages): implement-from-docstring (HumanEval shape), one-line tasks (MBPP shape),
   explain-this-code, find-the-bug and write-tests requests. Which modules feed training and which are held out
-  is the caller's choice (``HELD_OUT_CODE_MODULES`` are never used for training by the recipe).
+  is the caller's choice (``HELD_OUT_CODE_MODULES`` are never used for training by the recipe, and
+  ``CALIBRATION_CODE_MODULES`` only for calibration prompts).
 
 Every source is deterministic for a seed, so a resumable regeneration sees the same prompt list on every run.
 """
@@ -44,6 +45,15 @@ TRAIN_CODE_MODULES = (
 #: Modules kept out of training: the held-out code prompts are written from these (see data/heldout/README.md).
 HELD_OUT_CODE_MODULES = ("statistics", "fractions", "difflib", "heapq", "bisect", "calendar", "ipaddress", "shlex",
                          "graphlib", "colorsys", "zoneinfo", "tomllib", "stringprep")
+
+#: Modules neither training nor the held-out set uses: a drafter's calibration prompts are written from these, so a
+#: fit never scores rounds the drafter trained on however far the regeneration reaches (``scripts/unseen_prompts.py``).
+CALIBRATION_CODE_MODULES = (
+    "optparse", "pstats", "dis", "pickletools", "linecache", "fileinput", "bz2", "lzma", "pkgutil", "sysconfig",
+    "platform", "xml.etree.ElementTree", "xml.sax.saxutils", "urllib.request", "http.server", "socketserver",
+    "xmlrpc.client", "ftplib", "imaplib", "mailbox", "tracemalloc", "codeop", "pyclbr", "importlib.metadata",
+    "webbrowser", "bdb", "ssl", "signal", "getpass", "cProfile", "profile",
+)
 
 _MBPP_STYLES = ("Write a python function to {task}.", "Write a function to {task}.",
                 "Write a Python function that {task_s}.", "Implement {name} in Python: {task_s}.")
@@ -231,5 +241,5 @@ def code_prompts(module_names: Sequence[str], seed: int = 0, per_object: int = 2
     return dedupe(prompts)
 
 
-__all__ = ["HELD_OUT_CODE_MODULES", "TRAIN_CODE_MODULES", "CodeObject", "code_prompts", "gsm8k_prompts",
-           "gsm8k_solution_records", "iter_code_objects"]
+__all__ = ["CALIBRATION_CODE_MODULES", "HELD_OUT_CODE_MODULES", "TRAIN_CODE_MODULES", "CodeObject", "code_prompts",
+           "gsm8k_prompts", "gsm8k_solution_records", "iter_code_objects"]

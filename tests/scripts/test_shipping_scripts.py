@@ -40,6 +40,35 @@ def test_unseen_prompts_are_the_unanswered_tails_of_their_pools(tmp_path, monkey
     assert chosen[2:] == templated[1:3]  # the tail left after dropping the answered and the held-out prompt
 
 
+def test_check_fails_once_training_has_answered_a_calibration_prompt(tmp_path, caplog):
+    data, prompts = tmp_path / "data", tmp_path / "prompts.jsonl"
+    turns = ["Name three birds that cannot fly.", "Why is the sky blue at noon but red at dusk?"]
+    write_jsonl(prompts, [{"turns": [t], "category": "magpie"} for t in turns])
+    write_jsonl(data / "smollm2" / "train.jsonl", [{"messages": [{"role": "user", "content": "Something else."},
+                                                                 {"role": "assistant", "content": "..."}]}])
+    script = load_script("unseen_prompts")
+    with pytest.raises(SystemExit) as clean:
+        script.main(["--data", str(data), "--check", str(prompts)])
+    assert clean.value.code == 0
+    # a later regeneration answers one of them: the file no longer calibrates honestly
+    write_jsonl(data / "smollm2-more" / "train.jsonl", [{"messages": [{"role": "user", "content": turns[1]},
+                                                                      {"role": "assistant", "content": "..."}]}])
+    with pytest.raises(SystemExit) as stale:
+        script.main(["--data", str(data), "--check", str(prompts)])
+    assert stale.value.code == 1
+    assert "1 of 2 prompts" in caplog.text and "sky blue" in caplog.text
+
+
+def test_calibration_code_prompts_come_from_modules_nothing_else_uses():
+    from hf_dspark.training.prompt_sources import (CALIBRATION_CODE_MODULES, HELD_OUT_CODE_MODULES,
+                                                   TRAIN_CODE_MODULES, code_prompts)
+
+    assert not set(CALIBRATION_CODE_MODULES) & (set(TRAIN_CODE_MODULES) | set(HELD_OUT_CODE_MODULES))
+    calibration = {q.first_turn for q in code_prompts(CALIBRATION_CODE_MODULES)}
+    assert len(calibration) >= 260  # enough for --per-source 130 on any supported Python
+    assert not calibration & {q.first_turn for q in code_prompts(TRAIN_CODE_MODULES, seed=33000)}
+
+
 def test_score_calibration_scores_the_stored_fit_on_other_rounds(tmp_path, capsys):
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(400, 3))
