@@ -20,7 +20,6 @@ matmuls); the drafter is then trained on bf16 features and served on the target'
 from __future__ import annotations
 
 import glob
-import gzip
 import hashlib
 import json
 import logging
@@ -36,28 +35,26 @@ from ..modeling.configuration import default_target_layer_ids
 from ..modeling.target_taps import TargetFeatureTap
 from .feature_memo import FeatureMemo, memo_signature
 from .repetition import mask_repeats
-from .target_cache import MIN_LOSS_TOKENS, TokenizedConversation, run_target, target_logits_function, \
-    tokenize_conversation
+from .target_cache import MIN_LOSS_TOKENS, TokenizedConversation, check_conversation, read_jsonl, run_target, \
+    target_logits_function, tokenize_conversation
 
 logger = logging.getLogger(__name__)
 
 
 def read_chat_records(paths: Sequence[str | os.PathLike]) -> list[dict]:
-    """Chat records ``{"id", "messages", ...}`` from jsonl or jsonl.gz files, in order (duplicate ids kept once)."""
+    """Chat records ``{"id", "messages", ...}`` from jsonl or jsonl.gz files, in order (duplicate ids kept once).
+
+    Read as the target cache reads them (:func:`~.target_cache.read_jsonl`: a damaged line skipped with a warning, a
+    record without ``messages`` a :class:`~.target_cache.ConversationFileError` naming the file), except that a last
+    line still being written by a regeneration beside the run is left for the next read."""
     records, seen = [], set()
     for path in paths:
-        opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                if not line.endswith("\n"):  # a writer beside us (a regeneration) is still writing this line
-                    break
-                record = json.loads(line)
-                sid = str(record.get("id") or hashlib.sha1(json.dumps(record["messages"]).encode()).hexdigest()[:16])
-                if sid not in seen:
-                    seen.add(sid)
-                    records.append({**record, "id": sid})
+        for number, record in enumerate(read_jsonl(path, complete_lines_only=True), 1):
+            check_conversation(record, path, number)
+            sid = str(record.get("id") or hashlib.sha1(json.dumps(record["messages"]).encode()).hexdigest()[:16])
+            if sid not in seen:
+                seen.add(sid)
+                records.append({**record, "id": sid})
     return records
 
 

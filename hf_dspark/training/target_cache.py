@@ -145,16 +145,20 @@ class ConversationFileError(ValueError):
     record without ``messages``, no records at all): the message names the file, the line and what is wrong."""
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+def read_jsonl(path: str | os.PathLike, complete_lines_only: bool = False) -> Iterator[dict]:
     """The records of a jsonl file (``.gz``: gzip-compressed), one JSON object a line.
 
     A line that is not valid JSON is skipped with a warning: an interrupted regeneration leaves one, and regenerates
     its conversation (``regenerate._done_ids``). Anything else wrong stops with a :class:`ConversationFileError`.
+    ``complete_lines_only`` stops quietly at a last line without its newline: a regeneration beside the reader is
+    still writing it.
     """
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
+                if complete_lines_only and not line.endswith("\n"):
+                    break
                 line = line.strip()
                 if not line:
                     continue
@@ -174,19 +178,25 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
         raise ConversationFileError(f"{path}: damaged gzip data ({err}).") from None
 
 
+def check_conversation(record: dict, path: str | os.PathLike, number: int) -> None:
+    """Raise :class:`ConversationFileError` unless ``record`` (the ``number``-th of ``path``) holds a ``messages``
+    list of ``{"role", "content"}`` turns."""
+    messages = record.get("messages")
+    if not (isinstance(messages, list) and messages
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+        raise ConversationFileError(
+            f"{path}: record {number} (id {record.get('id')!r}) has no 'messages' list of {{'role', 'content'}} "
+            f"turns (keys: {sorted(record)}). Training takes the target's answered conversations (the "
+            "train.jsonl of hf-dspark regenerate), not prompt files.")
+
+
 def read_conversations(path: str | os.PathLike) -> list[dict]:
     """The chat records ``{"id", "messages": [{"role", "content"}, ...]}`` of one file, checked before the target
     runs: a record without them (a prompt file passed as data) would otherwise fail after caching part of the
     file, and an empty file would leave a cache without conversations whose error comes only at training."""
     records = list(read_jsonl(path))
-    for line_no, record in enumerate(records, 1):
-        messages = record.get("messages")
-        if not (isinstance(messages, list) and messages
-                and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
-            raise ConversationFileError(
-                f"{path}: record {line_no} (id {record.get('id')!r}) has no 'messages' list of {{'role', 'content'}} "
-                f"turns (keys: {sorted(record)}). The cache takes the target's answered conversations (the "
-                "train.jsonl of hf-dspark regenerate), not prompt files.")
+    for number, record in enumerate(records, 1):
+        check_conversation(record, path, number)
     if not records:
         raise ConversationFileError(f"{path} holds no conversations: give the train.jsonl that hf-dspark regenerate "
                                     "wrote.")

@@ -148,6 +148,22 @@ def test_chat_records_from_plain_gzip_and_globs_skip_a_line_still_being_written(
         chat_record_files([tmp_path / "missing.jsonl"])
 
 
+def test_chat_records_skip_a_damaged_line_and_name_a_file_that_is_not_conversations(tmp_path, caplog):
+    from hf_dspark.training.target_cache import ConversationFileError
+
+    records = make_chat_records(3)
+    lines = [json.dumps(r) + "\n" for r in records]
+    (tmp_path / "a.jsonl").write_text(lines[0] + '{"id": "r9", "mess\n' + lines[1] + lines[2])
+    assert [r["id"] for r in read_chat_records([tmp_path / "a.jsonl"])] == ["r0000", "r0001", "r0002"]
+    assert "damaged line 2" in caplog.text
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"turns": ["Hi"]}) + "\n")  # a prompt file passed as data
+    with pytest.raises(ConversationFileError, match=r"prompts.jsonl: record 1 .*no 'messages'"):
+        read_chat_records([tmp_path / "prompts.jsonl"])
+    (tmp_path / "latin1.jsonl").write_bytes(lines[0].replace("r0000", "r\u00e9").encode("latin-1"))
+    with pytest.raises(ConversationFileError, match="not UTF-8"):
+        read_chat_records([tmp_path / "latin1.jsonl"])
+
+
 def _heldout_cache(target, tokenizer, path):
     records = make_chat_records(4, seed=7)
     for i, record in enumerate(records):
