@@ -9,8 +9,8 @@ has not reached yet, from sources varied enough to stand for new text:
 * ``gsm8k`` — the *tail* of the GSM8K-train pool (the regeneration answers it from the front, about 200 an hour
   here, so a tail stays unseen for days);
 * ``code`` — code requests written from ``CALIBRATION_CODE_MODULES``, standard-library modules that neither the
-  training pool nor the held-out set uses. (A tail of the training pool was used until 2026-12-08, when 88 of those
-  prompts turned out to have been answered meanwhile by regenerations with other seeds.)
+  training pool nor the held-out set uses (not a tail of the training pool: regenerations with other seeds ask the
+  same functions and reach any tail).
 * ``templated`` (not by default) — the unanswered tail of ``data/smollm2/prompts_template.jsonl``. Those come from the
   very templates the drafter trained on: the shipped drafter accepted ~60 % of its first drafts on them against ~31 %
   on the held-out chat, and a fit on them was overconfident on new text.

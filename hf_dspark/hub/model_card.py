@@ -125,7 +125,7 @@ def read_evaluation(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
         raw = {str(row.get("benchmark") or row.get("name")): row for row in raw}
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise CardInputError(f"{path}: expected benchmark -> metrics (a dict of dicts or a list of records with "
-                         "'benchmark').")
+                             "'benchmark').")
     table = {name: {k: v for k, v in row.items() if k not in ("benchmark", "name") and _is_scalar(v)}
              for name, row in raw.items()}
     if not any("tau" in row for row in table.values()):
